@@ -1,0 +1,27 @@
+"""Packaging for keras-yolo3: ``pip install .`` or ``pip install -e .[test]``."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-yolo3",
+    version="0.1.0",
+    description="YOLOv3 and tiny-YOLOv3 on Keras 3 and TensorFlow, for training on many GPUs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["yolo3", "yolo3.*", "callbacks", "callbacks.*"]),
+    py_modules=[],
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "keras>=3.15,<3.16",
+        "numpy>=1.26",
+        "pillow>=10",
+        "h5py>=3.10",
+    ],
+    extras_require={
+        # OpenCV reads videos in tools/detect.py and is the independent Darknet
+        # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
+        "video": ["opencv-python-headless>=4.10,<5"],
+        "test": ["pytest>=8", "opencv-python-headless>=4.10,<5", "ruff>=0.6"],
+    },
+)

@@ -1,0 +1,18 @@
+"""Test session setup: four logical CPU devices, so multi-replica code runs without GPUs.
+
+Logical devices can only be configured before TensorFlow initialises its runtime, which is
+why this happens at import time of the test session, before any test module builds a model.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
+)

@@ -1,0 +1,123 @@
+"""Shared builders for tests: small models, random boxes and NumPy reference implementations."""
+
+import numpy as np
+
+from yolo3.model import tiny_yolo_body
+
+# Anchors sized for 64-128 px test inputs, smallest first as in Darknet's files.
+SMALL_ANCHORS = np.array([[6, 8], [10, 14], [16, 16], [24, 30], [40, 36], [56, 60]], np.float32)
+SMALL_MASKS = ((3, 4, 5), (0, 1, 2))
+
+
+def tiny_model(num_classes=2, size=64, **kwargs):
+    kwargs.setdefault("weight_decay", 0.0)
+    return tiny_yolo_body(None, 3, num_classes, input_shape=(size, size, 3), **kwargs)
+
+
+def random_boxes(rng, batch, max_boxes, size, num_classes, fill=0.6):
+    """(batch, max_boxes, 5) float32 boxes inside a ``size`` x ``size`` input, some rows padding."""
+    boxes = np.zeros((batch, max_boxes, 5), np.float32)
+    for image in range(batch):
+        for row in range(max_boxes):
+            if rng.random() > fill:
+                continue
+            w, h = rng.uniform(4, size * 0.8, size=2)
+            x0 = rng.uniform(0, size - w)
+            y0 = rng.uniform(0, size - h)
+            boxes[image, row] = [x0, y0, x0 + w, y0 + h, rng.integers(num_classes)]
+    return boxes
+
+
+def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks):
+    """Loop-per-box reference of the original ``preprocess_true_boxes`` assignment."""
+    height, width = input_hw
+    batch = boxes.shape[0]
+    strides = [32 // 2**level for level in range(len(anchor_masks))]
+    targets = [
+        np.zeros((batch, height // s, width // s, len(m), 5 + num_classes), np.float32)
+        for s, m in zip(strides, anchor_masks)
+    ]
+    for image in range(batch):
+        for x0, y0, x1, y1, class_id in boxes[image]:
+            w, h = x1 - x0, y1 - y0
+            if w <= 0 or h <= 0:
+                continue
+            ious = []
+            for aw, ah in anchors:
+                inter = min(w, aw) * min(h, ah)
+                ious.append(inter / (w * h + aw * ah - inter))
+            best = int(np.argmax(ious))
+            for level, mask in enumerate(anchor_masks):
+                if best not in mask:
+                    continue
+                grid_h, grid_w = targets[level].shape[1:3]
+                cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+                col = min(int(np.floor(cx / width * grid_w)), grid_w - 1)
+                row = min(int(np.floor(cy / height * grid_h)), grid_h - 1)
+                slot = list(mask).index(best)
+                cell = targets[level][image, row, col, slot]
+                cell[:] = 0
+                cell[:4] = [cx / width, cy / height, w / width, h / height]
+                cell[4] = 1
+                cell[5 + int(class_id)] = 1
+    return targets
+
+
+def _bce(label, logit):
+    return max(logit, 0) - logit * label + np.log1p(np.exp(-abs(logit)))
+
+
+def _iou_xywh(a, b):
+    ax0, ay0, ax1, ay1 = a[0] - a[2] / 2, a[1] - a[3] / 2, a[0] + a[2] / 2, a[1] + a[3] / 2
+    bx0, by0, bx1, by1 = b[0] - b[2] / 2, b[1] - b[3] / 2, b[0] + b[2] / 2, b[1] + b[3] / 2
+    iw, ih = max(min(ax1, bx1) - max(ax0, bx0), 0), max(min(ay1, by1) - max(ay0, by0), 0)
+    inter = iw * ih
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
+def numpy_loss(targets, outputs, anchors, num_classes, anchor_masks, ignore_thresh):
+    """Cell-by-cell reference of the per-image loss; returns (N,) totals and a dict of terms."""
+    batch = targets[0].shape[0]
+    input_w = outputs[0].shape[2] * 32
+    input_h = outputs[0].shape[1] * 32
+    terms = {name: np.zeros(batch) for name in ("xy", "wh", "objectness", "class")}
+    for image in range(batch):
+        truths = [
+            level[image][index][:4]
+            for level in targets
+            for index in np.ndindex(level.shape[1:4])
+            if level[image][index][4] > 0
+        ]
+        for level, mask in enumerate(anchor_masks):
+            grid_h, grid_w = outputs[level].shape[1:3]
+            raw = np.asarray(outputs[level][image], np.float64).reshape(
+                grid_h, grid_w, len(mask), 5 + num_classes
+            )
+            for row, col, slot in np.ndindex(grid_h, grid_w, len(mask)):
+                t = targets[level][image, row, col, slot]
+                r = raw[row, col, slot]
+                aw, ah = anchors[mask[slot]]
+                sig = 1 / (1 + np.exp(-r[:2]))
+                pred = [
+                    (sig[0] + col) / grid_w,
+                    (sig[1] + row) / grid_h,
+                    np.exp(r[2]) * aw / input_w,
+                    np.exp(r[3]) * ah / input_h,
+                ]
+                if t[4] > 0:
+                    scale = 2 - t[2] * t[3]
+                    tx, ty = t[0] * grid_w - col, t[1] * grid_h - row
+                    tw, th = np.log(t[2] * input_w / aw), np.log(t[3] * input_h / ah)
+                    terms["xy"][image] += scale * (_bce(tx, r[0]) + _bce(ty, r[1]))
+                    terms["wh"][image] += scale * 0.5 * ((tw - r[2]) ** 2 + (th - r[3]) ** 2)
+                    terms["objectness"][image] += _bce(1, r[4])
+                    terms["class"][image] += sum(
+                        _bce(t[5 + c], r[5 + c]) for c in range(num_classes)
+                    )
+                else:
+                    best = max([_iou_xywh(pred, truth) for truth in truths], default=0.0)
+                    if best < ignore_thresh:
+                        terms["objectness"][image] += _bce(0, r[4])
+    total = sum(terms.values())
+    return total, terms

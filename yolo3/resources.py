@@ -1,0 +1,73 @@
+"""Readers for the anchors and classes files, and the anchor-to-level assignment.
+
+Anchors file: comma-separated ``w,h`` pairs in input pixels (whitespace ignored), 9 pairs
+for YOLOv3 or 6 for tiny-YOLOv3, smallest first as Darknet lists them.
+Classes file: one class name per line; blank lines are ignored.
+"""
+
+import numpy as np
+
+# Darknet's ``mask`` of each [yolo] section, largest stride first. The tiny mask is the one
+# in the current yolov3-tiny.cfg (0,1,2); the original keras-yolo3 used 1,2,3, which leaves
+# anchor 0 unused, so boxes whose best anchor is 0 were never trained. Pass
+# ``anchor_masks`` explicitly to reproduce it.
+DEFAULT_ANCHOR_MASKS = {
+    9: ((6, 7, 8), (3, 4, 5), (0, 1, 2)),
+    6: ((3, 4, 5), (0, 1, 2)),
+}
+
+
+def model_type_for_anchors(num_anchors):
+    """``"yolov3"`` for 9 anchors, ``"tiny"`` for 6."""
+    if num_anchors not in DEFAULT_ANCHOR_MASKS:
+        raise ValueError(f"{num_anchors} anchors given; expected 6 (tiny) or 9 (yolov3)")
+    return "yolov3" if num_anchors == 9 else "tiny"
+
+
+def default_anchor_masks(num_anchors):
+    model_type_for_anchors(num_anchors)
+    return DEFAULT_ANCHOR_MASKS[num_anchors]
+
+
+def parse_anchors(text, source="anchors"):
+    """Parses ``w,h, w,h, ...`` text into a float32 array of shape (num_anchors, 2)."""
+    fields = [field.strip() for field in text.replace("\n", ",").split(",") if field.strip()]
+    try:
+        values = [float(field) for field in fields]
+    except ValueError:
+        bad = next(f for f in fields if not _is_number(f))
+        raise ValueError(f"{source}: {bad!r} is not a number; expected 'w,h, w,h, ...'") from None
+    if len(values) % 2:
+        raise ValueError(f"{source}: {len(values)} numbers is not a whole number of w,h pairs")
+    num_pairs = len(values) // 2
+    if num_pairs not in DEFAULT_ANCHOR_MASKS:
+        raise ValueError(f"{source} has {num_pairs} pairs; expected 6 (tiny) or 9 (yolov3)")
+    anchors = np.asarray(values, dtype=np.float32).reshape(num_pairs, 2)
+    if np.any(anchors <= 0):
+        raise ValueError(f"{source}: anchor sizes must be positive, got {anchors.tolist()}")
+    return anchors
+
+
+def read_anchors(path):
+    with open(path, encoding="utf-8") as f:
+        return parse_anchors(f.read(), source=f"anchors file {path}")
+
+
+def read_classes(path):
+    """Class names in file order; an empty file is an error."""
+    with open(path, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    if not names:
+        raise ValueError(f"classes file {path} is empty; write one class name per line")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"classes file {path} repeats {duplicates}; names must be unique")
+    return names
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

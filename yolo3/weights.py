@@ -1,0 +1,149 @@
+"""Saving and loading model weights by layer name, with metadata and clear mismatch errors.
+
+Files written here are ordinary Keras 3 ``.weights.h5`` files (``model.load_weights`` reads
+them) plus a JSON ``yolo3`` attribute on the root group recording what the weights are for:
+``{"model_type": "yolov3", "num_classes": 80, "num_anchors": 3, ...}``. Loading matches
+layers by their explicit names (``conv_12``, ``bn_12``) instead of by position, so a file
+from any model built by :mod:`yolo3.model` loads into any other with the same layer names.
+
+Original keras-yolo3 files (Keras 2 HDF5) are read by :mod:`yolo3.legacy`.
+"""
+
+import json
+import os
+import tempfile
+
+import h5py
+import numpy as np
+
+METADATA_KEY = "yolo3"
+
+
+def atomic_path(path):
+    """A temporary path beside ``path`` with the same suffix, for write-then-rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
+    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    os.close(fd)
+    os.remove(temp)
+    return temp
+
+
+def save_weights(model, path, metadata=None):
+    """Writes ``model``'s weights to ``path`` (``*.weights.h5``) atomically, with metadata."""
+    if not path.endswith(".weights.h5"):
+        raise ValueError(f"weights path {path} must end with .weights.h5")
+    temp = atomic_path(path)
+    try:
+        model.save_weights(temp)
+        with h5py.File(temp, "a") as f:
+            f.attrs[METADATA_KEY] = json.dumps(metadata or {}, sort_keys=True)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def read_metadata(path):
+    """The metadata dict written by :func:`save_weights`, or None if the file has none."""
+    with h5py.File(path, "r") as f:
+        raw = f.attrs.get(METADATA_KEY)
+    return json.loads(raw) if raw is not None else None
+
+
+def _read_named_arrays(path):
+    """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file."""
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        if "layers" not in f:
+            return None
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Group) and name.endswith("/vars") and "name" in obj.attrs:
+                keys = sorted(obj.keys(), key=int)
+                arrays[str(obj.attrs["name"])] = [np.asarray(obj[k]) for k in keys]
+
+        f["layers"].visititems(visit)
+    return arrays
+
+
+def is_keras2_file(path):
+    with h5py.File(path, "r") as f:
+        return "layer_names" in f.attrs or "model_weights" in f
+
+
+def check_num_classes(path, num_classes, source=None):
+    """Raises if ``path`` records a class count other than ``num_classes``."""
+    metadata = read_metadata(path) if path.endswith(".h5") else None
+    found = (metadata or {}).get("num_classes")
+    if found is not None and num_classes is not None and found != num_classes:
+        where = f" ({source})" if source else ""
+        raise ValueError(
+            f"weights {path} were trained for {found} classes, but the model has "
+            f"{num_classes} classes{where}; use the classes file the weights were trained with"
+        )
+
+
+def load_weights(model, path, *, skip_mismatch=False):
+    """Loads weights into ``model`` by layer name.
+
+    Accepts our ``.weights.h5`` files, Keras 2 HDF5 files from the original keras-yolo3
+    (read in creation order, see :mod:`yolo3.legacy`) and ``.keras`` archives.
+
+    Returns:
+        A report dict: ``loaded`` (layer names), ``skipped`` (``(name, reason)`` pairs, only
+        when ``skip_mismatch``) and ``missing`` (model layers with weights the file lacks).
+
+    Raises:
+        FileNotFoundError, or ValueError naming the layer and both shapes on a mismatch.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.endswith(".keras"):
+        import keras
+
+        source = keras.saving.load_model(path, compile=False, safe_mode=True)
+        arrays = {layer.name: layer.get_weights() for layer in source.layers if layer.weights}
+    elif is_keras2_file(path):
+        from yolo3 import legacy
+
+        return legacy.load_keras2_weights(model, path, skip_mismatch=skip_mismatch)
+    else:
+        arrays = _read_named_arrays(path)
+        if arrays is None:
+            raise ValueError(f"{path} is not a Keras weights file (no 'layers' group)")
+    return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
+
+
+def assign_by_name(model, arrays, source, *, skip_mismatch=False):
+    """Sets each layer of ``model`` from ``arrays[layer.name]`` after checking shapes."""
+    report = {"loaded": [], "skipped": [], "missing": []}
+    pending = []
+    for layer in model.layers:
+        if not layer.weights:
+            continue
+        values = arrays.get(layer.name)
+        if values is None:
+            report["missing"].append(layer.name)
+            continue
+        expected = [tuple(w.shape) for w in layer.weights]
+        found = [tuple(v.shape) for v in values]
+        if expected != found:
+            reason = f"layer {layer.name}: file has shapes {found}, model expects {expected}"
+            if not skip_mismatch:
+                raise ValueError(f"{source}: {reason}")
+            report["skipped"].append((layer.name, reason))
+            continue
+        pending.append((layer, values))
+    if not pending:
+        raise ValueError(f"{source}: no layer of the file matches a layer of {model.name}")
+    if report["missing"] and not skip_mismatch:
+        raise ValueError(
+            f"{source}: the file has no weights for {len(report['missing'])} layers of "
+            f"{model.name} (first: {report['missing'][:3]})"
+        )
+    for layer, values in pending:
+        layer.set_weights(values)
+        report["loaded"].append(layer.name)
+    return report
