@@ -1,0 +1,325 @@
+"""Detector, image reading and the detect CLI on a tiny model whose heads are set by hand.
+
+The head convolutions get zero kernels, so each head outputs its bias at every cell whatever
+the image: one anchor of the stride-32 head is confident of class 1 ("dog") everywhere, and
+every other anchor is silent. At a 64 px input that is a 2 x 2 grid of known boxes.
+"""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from yolo3.detect import Detector, draw_detections
+from yolo3.image import load_rgb
+from yolo3.model import build_model
+from yolo3.resources import parse_anchors
+from yolo3.weights import save_weights
+
+
+def _load_cli():
+    """tools/ is scripts, not a package: load tools/detect.py from its path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "detect.py"
+    spec = importlib.util.spec_from_file_location("detect_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+detect_cli = _load_cli()
+
+# Masks ((3, 4, 5), (0, 1, 2)): the stride-32 head's slot 0 is anchor 3, 12 x 10 px.
+ANCHORS_TEXT = "8,10, 16,20, 24,24, 12,10, 40,40, 60,60"
+CLASS_NAMES = ["cat", "dog"]
+INPUT_SIZE = 64
+CONFIDENT, SILENT = 12.0, -12.0
+SCORE = (1 / (1 + math.exp(-CONFIDENT))) ** 2  # sigmoid(objectness) * sigmoid(class)
+
+# Stride-32 cells at 64 px have centres (16 or 48, 16 or 48); each box is centre +- (6, 5):
+# x' in 10..22 or 42..54, y' in 11..21 or 43..53 (letterboxed input pixels).
+# 128 x 96 image: scale 64/128 = 0.5, 48 rows pasted at y 8; x = x' / 0.5, y = (y' - 8) / 0.5.
+EXPECTED_LANDSCAPE = [
+    [20, 6, 44, 26],
+    [20, 70, 44, 90],
+    [84, 6, 108, 26],
+    [84, 70, 108, 90],
+]
+# 48 x 96 portrait: scale 64/96 = 2/3, 32 columns pasted at x 16; x = (x' - 16) * 1.5,
+# y = y' * 1.5, clipped to the 48 x 96 image: x -9..9 -> 0..9, 39..57 -> 39..48.
+EXPECTED_PORTRAIT = [
+    [0, 16.5, 9, 31.5],
+    [0, 64.5, 9, 79.5],
+    [39, 16.5, 48, 31.5],
+    [39, 64.5, 48, 79.5],
+]
+
+
+def _head_bias(num_classes, confident_slot=None, class_id=1):
+    """Bias of a head: t = 0, objectness and classes silent except one confident slot."""
+    depth = 5 + num_classes
+    bias = np.zeros(3 * depth, np.float32)
+    for slot in range(3):
+        bias[slot * depth + 4 : (slot + 1) * depth] = SILENT
+    if confident_slot is not None:
+        bias[confident_slot * depth + 4] = CONFIDENT
+        bias[confident_slot * depth + 5 + class_id] = CONFIDENT
+    return bias
+
+
+def make_model(num_classes=2):
+    model = build_model("tiny", num_classes, input_size=INPUT_SIZE)
+    for name, slot in (("conv_9", 0), ("conv_12", None)):
+        layer = model.get_layer(name)
+        kernel = np.zeros(layer.kernel.shape, np.float32)
+        layer.set_weights([kernel, _head_bias(num_classes, slot)])
+    return model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("detect")
+    paths = {
+        "weights": root / "tiny.weights.h5",
+        "bare_weights": root / "bare.weights.h5",
+        "anchors": root / "anchors.txt",
+        "classes": root / "classes.txt",
+        "three_classes": root / "three.txt",
+    }
+    model = make_model()
+    save_weights(model, str(paths["weights"]), {"model_type": "tiny", "num_classes": 2})
+    save_weights(model, str(paths["bare_weights"]))  # no metadata
+    paths["anchors"].write_text(ANCHORS_TEXT)
+    paths["classes"].write_text("\n".join(CLASS_NAMES) + "\n")
+    paths["three_classes"].write_text("cat\ndog\nbird\n")
+    return {key: str(value) for key, value in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def detector(files):
+    return Detector(files["weights"], files["anchors"], files["classes"], input_size=INPUT_SIZE)
+
+
+def _sorted_rows(boxes):
+    return np.array(sorted(np.asarray(boxes).tolist()))
+
+
+def _check_grid(result, expected):
+    assert len(result["boxes"]) == 4
+    np.testing.assert_allclose(_sorted_rows(result["boxes"]), expected, atol=1e-3)
+    assert result["classes"].tolist() == [1] * 4 and result["labels"] == ["dog"] * 4
+    np.testing.assert_allclose(result["scores"], SCORE, rtol=1e-5)
+
+
+def test_detects_known_boxes_in_images_of_different_sizes(detector):
+    landscape = Image.new("RGB", (128, 96), (30, 90, 200))  # PIL sizes are (width, height)
+    portrait = np.zeros((96, 48, 3), np.uint8)
+    results = detector.detect([landscape, portrait])
+    assert len(results) == 2
+    _check_grid(results[0], EXPECTED_LANDSCAPE)
+    _check_grid(results[1], EXPECTED_PORTRAIT)
+
+
+def test_from_model_detects_the_same(detector):
+    from_model = Detector.from_model(make_model(), parse_anchors(ANCHORS_TEXT), CLASS_NAMES)
+    assert from_model.input_hw == (INPUT_SIZE, INPUT_SIZE)
+    image = np.full((96, 128, 3), 200, np.uint8)
+    [result] = from_model.detect(image)
+    _check_grid(result, EXPECTED_LANDSCAPE)
+
+
+def test_from_model_rejects_anchors_for_another_head_count():
+    nine = parse_anchors("10,13, 16,30, 33,23, 30,61, 62,45, 59,119, 116,90, 156,198, 373,326")
+    with pytest.raises(ValueError, match="2 output heads.*describe 3"):
+        Detector.from_model(make_model(), nine, CLASS_NAMES)
+
+
+def test_from_model_rejects_class_names_of_another_count():
+    with pytest.raises(ValueError, match="heads for 2 classes.*3 class names"):
+        Detector.from_model(make_model(), parse_anchors(ANCHORS_TEXT), ["a", "b", "c"])
+
+
+def test_thresholds_are_applied(files):
+    strict = Detector(
+        files["weights"],
+        files["anchors"],
+        files["classes"],
+        input_size=INPUT_SIZE,
+        score_threshold=0.99999,  # above SCORE = 0.999988
+        max_detections=2,
+    )
+    assert len(strict.detect([np.zeros((64, 64, 3), np.uint8)])[0]["boxes"]) == 0
+    capped = Detector.from_model(
+        make_model(), parse_anchors(ANCHORS_TEXT), CLASS_NAMES, max_detections=2
+    )
+    assert len(capped.detect([np.zeros((64, 64, 3), np.uint8)])[0]["boxes"]) == 2
+
+
+def test_class_count_mismatch_names_both_numbers(files):
+    with pytest.raises(ValueError, match=r"2 classes.*3 classes"):
+        Detector(files["weights"], files["anchors"], files["three_classes"])
+
+
+def test_class_count_mismatch_without_metadata_names_both_numbers(files):
+    # The file has no recorded class count; the head width (3 * (5 + 2) = 21) tells.
+    with pytest.raises(ValueError, match=r"2 classes.*three.txt lists 3 classes"):
+        Detector(files["bare_weights"], files["anchors"], files["three_classes"])
+
+
+def test_draw_detections_draws_in_the_class_colour(detector):
+    image = np.zeros((96, 128, 3), np.uint8)
+    [result] = detector.detect([image])
+    drawn = draw_detections(image, result, detector.class_names)
+    assert drawn.size == (128, 96)
+    pixels = np.asarray(drawn)
+    # The left edge of the box (20, 70, 44, 90) is a line of non-black pixels.
+    assert np.all(pixels[75:90, 20].max(axis=-1) > 0)
+    assert np.all(pixels[50, 60] == 0)  # away from every box
+
+
+def test_load_rgb_converts_modes_and_applies_exif_orientation(tmp_path):
+    gray16 = tmp_path / "gray16.png"
+    Image.fromarray(np.array([[0, 25700, 65535]], np.uint16)).save(gray16)
+    # 16-bit scales to 8 bits (Pillow's own conversion would clip 25700 to 255).
+    np.testing.assert_array_equal(load_rgb(gray16)[0, :, 0], [0, 100, 255])
+
+    rgba = tmp_path / "rgba.png"
+    Image.fromarray(np.array([[[255, 0, 0, 0], [0, 255, 0, 255]]], np.uint8)).save(rgba)
+    np.testing.assert_array_equal(load_rgb(rgba)[0], [[128, 128, 128], [0, 255, 0]])
+
+    palette = Image.new("P", (3, 2))
+    palette.putpalette([0, 0, 255] * 256)
+    palette.save(tmp_path / "palette.png")
+    np.testing.assert_array_equal(load_rgb(tmp_path / "palette.png")[0, 0], [0, 0, 255])
+
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")
+    cmyk = load_rgb(tmp_path / "cmyk.jpg")
+    assert cmyk.shape == (8, 8, 3) and cmyk[4, 4, 0] > 200 and cmyk[4, 4, 1:].max() < 60
+
+    Image.new("L", (5, 5), 77).save(tmp_path / "gray.bmp")
+    assert load_rgb(tmp_path / "gray.bmp").shape == (5, 5, 3)
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees to display upright
+    Image.new("RGB", (40, 20)).save(tmp_path / "rotated.jpg", exif=exif)
+    rotated = load_rgb(tmp_path / "rotated.jpg")
+    assert rotated.shape == (40, 20, 3) and rotated.dtype == np.uint8
+
+
+def test_load_rgb_names_an_unreadable_file(tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"this is not an image")
+    with pytest.raises(ValueError, match="broken.png"):
+        load_rgb(broken)
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        load_rgb(tmp_path / "missing.jpg")
+
+
+def _cli_args(files, *inputs, output, extra=()):
+    return [
+        *map(str, inputs),
+        "--weights",
+        files["weights"],
+        "--anchors",
+        files["anchors"],
+        "--classes",
+        files["classes"],
+        "--input-size",
+        str(INPUT_SIZE),
+        "--output",
+        str(output),
+        *extra,
+    ]
+
+
+def test_cli_on_a_folder_reports_and_skips_a_file_that_is_not_an_image(files, tmp_path, capsys):
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(folder / "a.png")
+    Image.new("RGB", (48, 96), (10, 20, 30)).save(folder / "sub" / "b.png")
+    (folder / "broken.png").write_bytes(b"not a png")
+    (folder / "notes.txt").write_text("ignored: not an image extension")
+    output = folder / "out"  # inside the input: its annotated images must not be re-read
+    args = _cli_args(files, folder, output=output, extra=["--batch-size", "1"])
+
+    assert detect_cli.main(args) == 0
+    assert detect_cli.main(args) == 0  # a second run, with the first run's images present
+
+    assert "broken.png" in capsys.readouterr().err
+    report = json.loads((output / "detections.json").read_text())
+    by_name = {record["path"].rsplit("/", 1)[-1]: record for record in report["images"]}
+    assert sorted(by_name) == ["a.png", "b.png"]
+    np.testing.assert_allclose(_sorted_rows(by_name["a.png"]["boxes"]), EXPECTED_LANDSCAPE)
+    np.testing.assert_allclose(_sorted_rows(by_name["b.png"]["boxes"]), EXPECTED_PORTRAIT)
+    assert by_name["b.png"]["class_ids"] == [1] * 4 and by_name["b.png"]["labels"] == ["dog"] * 4
+    assert [e["path"].rsplit("/", 1)[-1] for e in report["errors"]] == ["broken.png"]
+    for relative, size in (("photos/a.png", (128, 96)), ("photos/sub/b.png", (48, 96))):
+        with Image.open(output / relative) as annotated:
+            assert annotated.size == size
+    assert not list(output.glob(".tmp-*"))  # the atomic write left no temporary file
+
+
+def test_cli_on_a_video_takes_every_nth_frame(files, tmp_path, monkeypatch):
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (128, 96))
+    for _ in range(7):
+        writer.write(np.full((96, 128, 3), (0, 0, 255), np.uint8))  # red, in OpenCV's BGR
+    writer.release()
+    output = tmp_path / "out"
+    seen = []
+    detect = Detector.detect
+
+    def recording_detect(self, images):
+        seen.extend(images)
+        return detect(self, images)
+
+    monkeypatch.setattr(Detector, "detect", recording_detect)
+    args = _cli_args(
+        files, video, output=output, extra=["--video-stride", "2", "--batch-size", "3"]
+    )
+    assert detect_cli.main(args) == 0
+
+    report = json.loads((output / "detections.json").read_text())
+    assert [record["frame"] for record in report["images"]] == [0, 2, 4, 6]
+    np.testing.assert_allclose(_sorted_rows(report["images"][3]["boxes"]), EXPECTED_LANDSCAPE)
+    # The network sees RGB: red stays red after decoding (codec error is a few levels).
+    assert len(seen) == 4 and seen[0][48, 64, 0] > 200 and seen[0][48, 64, 2] < 60
+    annotated = cv2.VideoCapture(str(output / "clip.detections.mp4"))
+    frames = 0
+    while annotated.read()[0]:
+        frames += 1
+    annotated.release()
+    assert frames == 4
+
+
+def test_cli_runs_as_a_script_without_installation():
+    script = Path(detect_cli.__file__)
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, cwd="/"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--video-stride" in result.stdout
+
+
+def test_cli_usage_and_input_errors(files, tmp_path, capsys):
+    output = tmp_path / "out"
+    assert (
+        detect_cli.main(_cli_args(files, tmp_path, output=output, extra=["--video-stride", "0"]))
+        == 2
+    )
+    bad_size = _cli_args(files, tmp_path, output=output)
+    bad_size[bad_size.index("--input-size") + 1] = "100"
+    assert detect_cli.main(bad_size) == 2
+    mismatch = _cli_args(files, tmp_path, output=output)
+    mismatch[mismatch.index("--classes") + 1] = files["three_classes"]
+    assert detect_cli.main(mismatch) == 2
+    assert "3 classes" in capsys.readouterr().err
+    # Nothing to detect on: reported with the name, and a failing exit status.
+    assert detect_cli.main(_cli_args(files, tmp_path / "missing.jpg", output=output)) == 1
+    assert "missing.jpg" in capsys.readouterr().err

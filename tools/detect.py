@@ -1,0 +1,272 @@
+"""Detect objects in images, folders of images and videos; write annotated copies and JSON.
+
+    python tools/detect.py photos/ clip.mp4 --weights model_data/yolo.weights.h5 --output out
+
+Writes ``out/<name>`` for each image (boxes drawn), ``out/<video stem>.detections.mp4`` for
+each video (every ``--video-stride``-th frame, annotated) and ``out/detections.json``:
+``{"images": [{"path", "frame" (videos only), "width", "height", "boxes" ([x_min, y_min,
+x_max, y_max] in original pixels), "scores", "class_ids", "labels"}, ...], "errors": [...]}``.
+
+Inputs that are missing or unreadable are reported on stderr and skipped. Exit status: 0
+when at least one image or frame was processed, 1 when none was, 2 on bad usage (invalid
+flags, unusable weights, anchors or classes).
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from yolo3.detect import Detector, draw_detections  # noqa: E402
+from yolo3.image import load_rgb  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv"}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        description="Run YOLOv3 on images, folders (searched recursively) and videos."
+    )
+    parser.add_argument("inputs", nargs="+", help="image files, folders or video files")
+    parser.add_argument("--weights", required=True, help="weights file (.weights.h5)")
+    parser.add_argument("--anchors", default=str(REPO_ROOT / "model_data" / "yolo_anchors.txt"))
+    parser.add_argument("--classes", default=str(REPO_ROOT / "model_data" / "coco_classes.txt"))
+    parser.add_argument(
+        "--model-type", choices=("yolov3", "tiny"), help="default: from the anchor count"
+    )
+    parser.add_argument("--input-size", type=int, default=416, help="a multiple of 32")
+    parser.add_argument("--score", type=float, default=0.3, help="score threshold")
+    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
+    parser.add_argument("--max-detections", type=int, default=100, help="per image")
+    parser.add_argument("--output", required=True, help="folder for annotated files and JSON")
+    parser.add_argument("--video-stride", type=int, default=1, help="use every Nth frame")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per model call")
+    return parser
+
+
+def _check_args(parser, args):
+    if args.input_size < 32 or args.input_size % 32:
+        parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
+    if not 0.0 <= args.score <= 1.0 or not 0.0 <= args.iou <= 1.0:
+        parser.error("--score and --iou must lie in [0, 1]")
+    for flag in ("max_detections", "video_stride", "batch_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+
+
+class Run:
+    """What one invocation found and produced: JSON records, errors and output names."""
+
+    def __init__(self, detector, output_dir, batch_size):
+        self.detector = detector
+        self.output_dir = output_dir
+        self.batch_size = batch_size
+        self.records = []
+        self.errors = []
+        self.used_names = set()
+
+    def error(self, path, message):
+        print(f"error: {path}: {message}", file=sys.stderr)
+        self.errors.append({"path": str(path), "error": message})
+
+    def output_name(self, relative):
+        """A unique file name under the output folder for ``relative`` (a Path)."""
+        candidate, index = relative, 1
+        while str(candidate) in self.used_names:
+            candidate = relative.with_name(f"{relative.stem}_{index}{relative.suffix}")
+            index += 1
+        self.used_names.add(str(candidate))
+        return self.output_dir / candidate
+
+    def record(self, path, image, detection, frame=None):
+        entry = {"path": str(path)}
+        if frame is not None:
+            entry["frame"] = frame
+        entry.update(
+            width=int(image.shape[1]),
+            height=int(image.shape[0]),
+            boxes=[[float(v) for v in box] for box in detection["boxes"]],
+            scores=[float(s) for s in detection["scores"]],
+            class_ids=[int(c) for c in detection["classes"]],
+            labels=list(detection["labels"]),
+        )
+        self.records.append(entry)
+
+    def images(self, items):
+        """Detects on ``(path, output relative path)`` pairs, ``batch_size`` at a time."""
+        for start in range(0, len(items), self.batch_size):
+            loaded = []
+            for path, relative in items[start : start + self.batch_size]:
+                try:
+                    loaded.append((path, relative, load_rgb(path)))
+                except (OSError, ValueError) as err:
+                    self.error(path, str(err))
+            if not loaded:
+                continue
+            detections = self.detector.detect([image for _, _, image in loaded])
+            for (path, relative, image), detection in zip(loaded, detections, strict=True):
+                self.record(path, image, detection)
+                if relative.suffix.lower() not in IMAGE_SUFFIXES:
+                    relative = relative.with_suffix(".png")
+                target = self.output_name(relative)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                drawn = draw_detections(image, detection, self.detector.class_names)
+                drawn.save(target, quality=95)  # quality applies to JPEG only
+                print(f"{path}: {len(detection['boxes'])} detections")
+
+    def video(self, path, stride):
+        """Detects on every ``stride``-th frame of a video and writes an annotated video."""
+        try:
+            import cv2
+        except ImportError:
+            self.error(path, "reading videos needs OpenCV: pip install opencv-python-headless")
+            return
+        capture = cv2.VideoCapture(str(path))
+        if not capture.isOpened():
+            self.error(path, "OpenCV cannot open this video")
+            return
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        fps = fps if fps > 0 else 25.0  # some containers report 0 or NaN
+        target = self.output_name(Path(f"{path.stem}.detections.mp4"))
+        writer, frames, batch, index = None, 0, [], 0
+        try:
+            while True:
+                ok, frame = capture.read()
+                if ok and index % stride == 0:
+                    # OpenCV decodes to BGR; the network was trained on RGB.
+                    batch.append((index, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)))
+                if batch and (not ok or len(batch) == self.batch_size):
+                    writer = writer or self._video_writer(cv2, target, fps / stride, batch)
+                    self._video_batch(path, batch, writer, cv2)
+                    frames += len(batch)
+                    batch = []
+                if not ok:  # end of stream (or an undecodable frame, which ends it too)
+                    break
+                index += 1
+        finally:
+            capture.release()
+            if writer is not None:
+                writer.release()
+        if frames == 0:
+            self.error(path, "no frame could be decoded")
+        else:
+            print(f"{path}: {frames} frames of {index} -> {target}")
+
+    def _video_writer(self, cv2, target, fps, batch):
+        height, width = batch[0][1].shape[:2]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        writer = cv2.VideoWriter(str(target), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        if not writer.isOpened():
+            raise OSError(f"OpenCV cannot write {target} with the mp4v codec")
+        return writer
+
+    def _video_batch(self, path, batch, writer, cv2):
+        detections = self.detector.detect([frame for _, frame in batch])
+        for (index, frame), detection in zip(batch, detections, strict=True):
+            self.record(path, frame, detection, frame=index)
+            drawn = draw_detections(frame, detection, self.detector.class_names)
+            writer.write(cv2.cvtColor(np.asarray(drawn, dtype=np.uint8), cv2.COLOR_RGB2BGR))
+
+
+def expand_inputs(inputs, report, output_dir):
+    """Image ``(path, output relative path)`` pairs and video paths, in argument order.
+
+    Files under ``output_dir`` are left out of folder searches, so annotated images from an
+    earlier run into a folder inside the input are not detected on again.
+    """
+    images, videos = [], []
+    output_dir = output_dir.resolve()
+    for raw in inputs:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in IMAGE_SUFFIXES
+                and output_dir not in p.resolve().parents
+            )
+            if not found:
+                report(path, "folder holds no .jpg, .jpeg, .png or .bmp file")
+            # Keep the folder structure so equal names in subfolders do not collide.
+            images.extend((p, Path(path.name) / p.relative_to(path)) for p in found)
+        elif path.is_file() and path.suffix.lower() in VIDEO_SUFFIXES:
+            videos.append(path)
+        elif path.is_file():
+            images.append((path, Path(path.name)))
+        else:
+            report(path, "no such file or folder")
+    return images, videos
+
+
+def write_json_atomic(path, data):
+    """Writes ``data`` as JSON to a temporary file beside ``path``, then renames it over."""
+    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def main(argv=None):
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check_args(parser, args)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        detector = Detector(
+            args.weights,
+            args.anchors,
+            args.classes,
+            model_type=args.model_type,
+            input_size=args.input_size,
+            score_threshold=args.score,
+            iou_threshold=args.iou,
+            max_detections=args.max_detections,
+        )
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    output_dir = Path(args.output)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(detector, output_dir, args.batch_size)
+    images, videos = expand_inputs(args.inputs, run.error, output_dir)
+    run.images(images)
+    for video in videos:
+        try:
+            run.video(video, args.video_stride)
+        except OSError as err:
+            run.error(video, str(err))
+    write_json_atomic(
+        output_dir / "detections.json",
+        {
+            "weights": str(args.weights),
+            "classes": detector.class_names,
+            "input_size": list(detector.input_hw),
+            "images": run.records,
+            "errors": run.errors,
+        },
+    )
+    print(
+        f"{len(run.records)} images/frames processed, {len(run.errors)} errors; "
+        f"results in {output_dir}",
+        file=sys.stderr,
+    )
+    return 0 if run.records else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

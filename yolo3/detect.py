@@ -1,0 +1,297 @@
+"""Detection on images of any size: letterbox, run the model, decode, NMS, draw.
+
+Example::
+
+    detector = Detector("model_data/yolo.weights.h5", "model_data/yolo_anchors.txt",
+                        "model_data/coco_classes.txt")
+    image = load_rgb("dog.jpg")
+    [result] = detector.detect([image])
+    result["boxes"]  # (k, 4) float32, x_min, y_min, x_max, y_max in the image's pixels
+    draw_detections(image, result, detector.class_names).save("dog-boxes.jpg")
+"""
+
+import colorsys
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageDraw, ImageFont
+
+from yolo3 import weights as weights_io
+from yolo3.image import letterbox_image, to_rgb
+from yolo3.model import build_model, head_layer_names
+from yolo3.postprocess import postprocess
+from yolo3.resources import (
+    default_anchor_masks,
+    model_type_for_anchors,
+    read_anchors,
+    read_classes,
+)
+
+NUM_HEADS = {"yolov3": 3, "tiny": 2}
+
+
+class Detector:
+    """A YOLOv3 / tiny-YOLOv3 model plus everything needed to turn images into detections.
+
+    Args:
+        weights_path: ``.weights.h5`` file written by :func:`yolo3.weights.save_weights`
+            (or any file :func:`yolo3.weights.load_weights` reads).
+        anchors_path: anchors file, 9 pairs (YOLOv3) or 6 (tiny), in input pixels.
+        classes_path: one class name per line, in the order the weights were trained with.
+        model_type: ``"yolov3"`` or ``"tiny"``; inferred from the anchor count when None.
+        input_size: network input, an int (square) or ``(height, width)``, multiples of 32.
+        score_threshold, iou_threshold, max_detections: see :func:`yolo3.postprocess.postprocess`.
+        anchor_masks: anchors per head, largest stride first; default for the anchor count.
+
+    Raises:
+        ValueError naming both class counts when the weights were trained for a different
+        number of classes than ``classes_path`` lists.
+    """
+
+    def __init__(
+        self,
+        weights_path,
+        anchors_path,
+        classes_path,
+        *,
+        model_type=None,
+        input_size=416,
+        score_threshold=0.3,
+        iou_threshold=0.45,
+        max_detections=100,
+        anchor_masks=None,
+    ):
+        weights_path, classes_path = str(weights_path), str(classes_path)
+        anchors = read_anchors(anchors_path)
+        class_names = read_classes(classes_path)
+        model_type = model_type or model_type_for_anchors(len(anchors))
+        anchor_masks = _resolve_masks(anchors, anchor_masks, model_type)
+        num_anchors = len(anchor_masks[0])
+        model = build_model(
+            model_type, len(class_names), num_anchors=num_anchors, input_size=input_size
+        )
+        weights_io.check_num_classes(weights_path, len(class_names), classes_path)
+        try:
+            weights_io.load_weights(model, weights_path)
+        except ValueError as err:
+            found = _classes_in_file(weights_path, model_type, num_anchors)
+            if found is None or found == len(class_names):
+                raise
+            raise ValueError(
+                f"weights {weights_path} have heads for {found} classes, but classes file "
+                f"{classes_path} lists {len(class_names)} classes; use the classes file the "
+                f"weights were trained with"
+            ) from err
+        self._setup(
+            model,
+            anchors,
+            class_names,
+            input_size=input_size,
+            score_threshold=score_threshold,
+            iou_threshold=iou_threshold,
+            max_detections=max_detections,
+            anchor_masks=anchor_masks,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model,
+        anchors,
+        class_names,
+        *,
+        input_size=None,
+        score_threshold=0.3,
+        iou_threshold=0.45,
+        max_detections=100,
+        anchor_masks=None,
+    ):
+        """A detector around an already built (and loaded) Keras model.
+
+        ``anchors`` is ``(num_anchors, 2)`` in input pixels. ``input_size`` defaults to the
+        model's static input size, or 416 when the model accepts any size.
+        """
+        anchors = np.asarray(anchors, dtype=np.float32)
+        if input_size is None:
+            height, width = model.input_shape[1:3]
+            input_size = (height, width) if height and width else 416
+        detector = cls.__new__(cls)
+        detector._setup(
+            model,
+            anchors,
+            list(class_names),
+            input_size=input_size,
+            score_threshold=score_threshold,
+            iou_threshold=iou_threshold,
+            max_detections=max_detections,
+            anchor_masks=_resolve_masks(anchors, anchor_masks, None),
+        )
+        return detector
+
+    def _setup(
+        self,
+        model,
+        anchors,
+        class_names,
+        *,
+        input_size,
+        score_threshold,
+        iou_threshold,
+        max_detections,
+        anchor_masks,
+    ):
+        num_heads = len(getattr(model, "outputs", None) or anchor_masks)
+        if num_heads != len(anchor_masks):
+            raise ValueError(
+                f"model {model.name} has {num_heads} output heads but the anchor masks "
+                f"{anchor_masks} describe {len(anchor_masks)}"
+            )
+        channels = model.outputs[0].shape[-1] if getattr(model, "outputs", None) else None
+        expected = len(anchor_masks[0]) * (5 + len(class_names))
+        if channels is not None and channels != expected:
+            raise ValueError(
+                f"model {model.name} has heads for {channels // len(anchor_masks[0]) - 5} "
+                f"classes ({channels} channels) but {len(class_names)} class names were given"
+            )
+        self.model = model
+        self.anchors = np.asarray(anchors, dtype=np.float32)
+        self.class_names = class_names
+        self.anchor_masks = anchor_masks
+        if isinstance(input_size, int):
+            input_size = (input_size, input_size)
+        self.input_hw = tuple(int(v) for v in input_size)
+        if any(v % 32 for v in self.input_hw):
+            raise ValueError(f"input size {self.input_hw} is not a multiple of 32")
+        self.score_threshold = score_threshold
+        self.iou_threshold = iou_threshold
+        self.max_detections = max_detections
+        # A fixed signature with an open batch axis: one trace serves every batch size. The
+        # thresholds are baked in at that trace, so they are fixed for the detector's life.
+        self._predict = tf.function(
+            self._predict_batch,
+            input_signature=[
+                tf.TensorSpec((None, *self.input_hw, 3), tf.float32),
+                tf.TensorSpec((None, 2), tf.int32),
+            ],
+        )
+
+    def _predict_batch(self, inputs, image_hw):
+        outputs = self.model(inputs, training=False)
+        return postprocess(
+            list(outputs),
+            self.anchors,
+            len(self.class_names),
+            image_hw,
+            self.input_hw,
+            anchor_masks=self.anchor_masks,
+            score_threshold=self.score_threshold,
+            iou_threshold=self.iou_threshold,
+            max_detections=self.max_detections,
+        )
+
+    def detect(self, images):
+        """Detects objects in a batch of images, which may differ in size.
+
+        Args:
+            images: a list of PIL images (any mode) or ``(H, W, 3)`` uint8 RGB arrays, an
+                ``(N, H, W, 3)`` uint8 array, or a single image (a list of one).
+
+        Returns:
+            One dict per image: ``boxes`` ``(k, 4)`` float32 ``x_min, y_min, x_max, y_max``
+            in that image's pixels, ``scores`` ``(k,)`` float32, ``classes`` ``(k,)`` int32
+            and ``labels`` (k class names), highest score first.
+        """
+        if isinstance(images, np.ndarray) and images.ndim == 4:
+            images = list(images)  # an (N, H, W, 3) stack of same-size images
+        elif isinstance(images, (Image.Image, np.ndarray)):
+            images = [images]
+        if not images:
+            return []
+        batch, sizes = [], []
+        for image in images:
+            if isinstance(image, Image.Image):
+                image = to_rgb(image)
+                sizes.append((image.height, image.width))
+            else:
+                sizes.append(np.shape(image)[:2])
+            batch.append(letterbox_image(image, self.input_hw))
+        inputs = np.stack(batch).astype(np.float32) / 255.0
+        boxes, scores, classes, counts = self._predict(
+            tf.constant(inputs), tf.constant(sizes, dtype=tf.int32)
+        )
+        boxes, scores, classes = boxes.numpy(), scores.numpy(), classes.numpy()
+        results = []
+        for index, count in enumerate(counts.numpy()):
+            image_classes = classes[index, :count]
+            results.append(
+                {
+                    "boxes": boxes[index, :count],
+                    "scores": scores[index, :count],
+                    "classes": image_classes,
+                    "labels": [self.class_names[c] for c in image_classes],
+                }
+            )
+        return results
+
+
+def _resolve_masks(anchors, anchor_masks, model_type):
+    masks = anchor_masks or default_anchor_masks(len(anchors))
+    masks = tuple(tuple(int(i) for i in mask) for mask in masks)
+    if model_type is not None and len(masks) != NUM_HEADS[model_type]:
+        raise ValueError(
+            f"{model_type} has {NUM_HEADS[model_type]} heads but the anchor masks {masks} "
+            f"describe {len(masks)}; give 9 anchors for yolov3 or 6 for tiny"
+        )
+    if len({len(mask) for mask in masks}) != 1:
+        raise ValueError(f"anchor masks {masks} must give every head the same anchor count")
+    return masks
+
+
+def _classes_in_file(path, model_type, num_anchors):
+    """Classes the file's first head was built for, or None when that cannot be read."""
+    try:
+        arrays = weights_io._read_named_arrays(path)
+        head_bias = arrays[head_layer_names(model_type)[0]][-1]
+    except (OSError, KeyError, IndexError, TypeError):
+        return None
+    # Head channels = num_anchors * (5 + num_classes).
+    channels = int(head_bias.shape[-1])
+    return channels // num_anchors - 5 if channels % num_anchors == 0 else None
+
+
+def class_colors(num_classes):
+    """One distinct, saturated RGB colour per class, evenly spaced in hue."""
+    hues = [index / max(num_classes, 1) for index in range(num_classes)]
+    return [tuple(int(255 * c) for c in colorsys.hsv_to_rgb(h, 0.9, 1.0)) for h in hues]
+
+
+def draw_detections(image, detection, class_names):
+    """Draws boxes and ``"label score"`` captions on a copy of ``image``.
+
+    Args:
+        image: PIL image or ``(H, W, 3)`` uint8 RGB array, the one detection ran on.
+        detection: one dict from :meth:`Detector.detect` (``boxes`` in this image's pixels).
+        class_names: names indexed by class id.
+
+    Returns:
+        A new RGB PIL image.
+    """
+    image = to_rgb(image).copy() if isinstance(image, Image.Image) else Image.fromarray(image)
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    colors = class_colors(len(class_names))
+    thickness = max(1, round((image.width + image.height) / 600))
+    for box, score, class_id in zip(
+        detection["boxes"], detection["scores"], detection["classes"], strict=True
+    ):
+        x_min, y_min, x_max, y_max = (float(v) for v in box)
+        color = colors[int(class_id) % len(colors)]
+        draw.rectangle((x_min, y_min, x_max, y_max), outline=color, width=thickness)
+        caption = f"{class_names[int(class_id)]} {float(score):.2f}"
+        left, top, right, bottom = draw.textbbox((0, 0), caption, font=font)
+        text_w, text_h = right - left, bottom - top + 2
+        # Caption above the box, or inside its top edge when the box touches the image top.
+        text_y = y_min - text_h if y_min >= text_h else y_min
+        draw.rectangle((x_min, text_y, x_min + text_w + 2, text_y + text_h), fill=color)
+        draw.text((x_min + 1, text_y - top + 1), caption, fill=(0, 0, 0), font=font)
+    return image

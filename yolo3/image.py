@@ -1,0 +1,157 @@
+"""Reading images as RGB uint8 and letterboxing them to the network's input size.
+
+Letterboxing (as in the original keras-yolo3) scales an image by one factor so that it fits
+inside the input, pastes it centred on a gray canvas, and leaves the rest as padding:
+
+    scale = min(input_w / image_w, input_h / image_h)
+    new_w, new_h = int(image_w * scale), int(image_h * scale)
+    pasted at ((input_w - new_w) // 2, (input_h - new_h) // 2)
+
+:func:`letterbox_geometry` is the single definition of that arithmetic; detection
+(:func:`yolo3.postprocess.undo_letterbox`, through :func:`letterbox_geometry_tf`) and
+offline preprocessing use it, so boxes map back to exactly the pixels that were resized.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# The canvas colour of the original keras-yolo3; the network has seen it as "no content".
+PAD_VALUE = 128
+
+
+def letterbox_geometry(image_hw, input_hw):
+    """Where an image of size ``image_hw`` lands inside a letterboxed input of ``input_hw``.
+
+    Args:
+        image_hw: ``(height, width)`` of the original image in pixels, positive ints.
+        input_hw: ``(height, width)`` of the network input in pixels.
+
+    Returns:
+        ``(scale_y, scale_x, offset_y, offset_x, new_h, new_w)``: the resized image is
+        ``new_h x new_w`` pixels pasted with its top-left corner at ``(offset_x, offset_y)``;
+        ``scale_y = new_h / image_h`` and ``scale_x = new_w / image_w`` are the exact per-axis
+        factors of that resize (they differ from ``scale`` by the rounding of ``new_*``), so
+        a point maps as ``x_input = x_image * scale_x + offset_x``.
+    """
+    image_h, image_w = (int(v) for v in image_hw)
+    input_h, input_w = (int(v) for v in input_hw)
+    if min(image_h, image_w, input_h, input_w) < 1:
+        raise ValueError(f"image size {image_hw} and input size {input_hw} must be positive")
+    # int(image_w * scale) in integer arithmetic: the limiting axis fills the input exactly
+    # and the other is floored. Floats can land just below an integer (480 * (416 / 640)
+    # must be 312), and the TensorFlow twin below must reproduce this bit for bit.
+    if input_w * image_h <= input_h * image_w:
+        new_w, new_h = input_w, image_h * input_w // image_w
+    else:
+        new_w, new_h = image_w * input_h // image_h, input_h
+    # An extreme aspect ratio (a 1-pixel-wide strip) would otherwise resize to nothing.
+    new_w, new_h = max(new_w, 1), max(new_h, 1)
+    offset_y, offset_x = (input_h - new_h) // 2, (input_w - new_w) // 2
+    return new_h / image_h, new_w / image_w, offset_y, offset_x, new_h, new_w
+
+
+def letterbox_geometry_tf(image_hw, input_hw):
+    """:func:`letterbox_geometry` for a batch, in TensorFlow ops (usable in a tf.function).
+
+    Args:
+        image_hw: ``(N, 2)`` integer tensor of original ``(height, width)`` in pixels.
+        input_hw: ``(height, width)`` of the network input, Python ints or scalar tensors.
+
+    Returns:
+        ``scale_yx`` ``(N, 2)`` float32 (``new_h / image_h``, ``new_w / image_w``) and
+        ``offset_yx`` ``(N, 2)`` float32 (``offset_y``, ``offset_x``) in input pixels.
+    """
+    # int64 keeps the products (up to input * image size) exact, matching the Python ints.
+    image_hw = tf.cast(image_hw, tf.int64)
+    image_h, image_w = image_hw[:, 0], image_hw[:, 1]
+    input_h = tf.cast(input_hw[0], tf.int64)
+    input_w = tf.cast(input_hw[1], tf.int64)
+    width_limited = input_w * image_h <= input_h * image_w
+    new_w = tf.where(width_limited, input_w, image_w * input_h // image_h)
+    new_h = tf.where(width_limited, image_h * input_w // image_w, input_h)
+    new_w, new_h = tf.maximum(new_w, 1), tf.maximum(new_h, 1)
+    offset_yx = tf.stack([(input_h - new_h) // 2, (input_w - new_w) // 2], axis=-1)
+    scale_yx = tf.stack([new_h, new_w], axis=-1) / image_hw  # float64, exact ratio
+    return tf.cast(scale_yx, tf.float32), tf.cast(offset_yx, tf.float32)
+
+
+def letterbox_image(image, input_hw):
+    """Resizes ``image`` (bicubic) to fit ``input_hw`` and pastes it on a gray canvas.
+
+    Args:
+        image: a PIL image (any mode; converted with :func:`to_rgb`) or an ``(H, W, 3)``
+            uint8 RGB array.
+        input_hw: ``(height, width)`` of the network input in pixels.
+
+    Returns:
+        ``(input_h, input_w, 3)`` uint8 RGB array; padding is ``(128, 128, 128)``.
+    """
+    image = to_rgb(image) if isinstance(image, Image.Image) else _array_to_pil(image)
+    input_h, input_w = (int(v) for v in input_hw)
+    _, _, offset_y, offset_x, new_h, new_w = letterbox_geometry(
+        (image.height, image.width), (input_h, input_w)
+    )
+    canvas = Image.new("RGB", (input_w, input_h), (PAD_VALUE,) * 3)
+    canvas.paste(image.resize((new_w, new_h), Image.BICUBIC), (offset_x, offset_y))
+    return np.asarray(canvas, dtype=np.uint8)
+
+
+def _array_to_pil(array):
+    array = np.asarray(array)
+    if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
+        raise ValueError(
+            f"expected an (H, W, 3) uint8 RGB array, got shape {array.shape} dtype "
+            f"{array.dtype}; convert with yolo3.image.to_rgb(PIL.Image.fromarray(...)) first"
+        )
+    return Image.fromarray(array, mode="RGB")
+
+
+def to_rgb(image):
+    """Converts a PIL image of any common mode to 8-bit RGB.
+
+    Grayscale, palette and CMYK convert directly. Transparent pixels are composited onto
+    the letterbox gray rather than whatever colour hides under alpha 0. 16- and 32-bit
+    integer images are rescaled (Pillow's own conversion clips everything above 255 to
+    white); float images are taken as [0, 1] when they stay within it, else as [0, 255].
+    """
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        values = np.asarray(image).astype(np.float64)
+        if image.mode == "F":
+            values = values * 255.0 if values.max(initial=0.0) <= 1.0 else values
+        elif image.mode.startswith("I;16") or values.max(initial=0.0) > 255:
+            values = values / 257.0  # 65535 -> 255
+        gray = np.clip(np.round(values), 0, 255).astype(np.uint8)
+        return Image.fromarray(np.stack([gray] * 3, axis=-1), mode="RGB")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (PAD_VALUE, PAD_VALUE, PAD_VALUE, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def load_rgb(path):
+    """Reads an image file as RGB uint8, upright according to its EXIF orientation.
+
+    Returns:
+        ``(H, W, 3)`` uint8 array; H and W after the EXIF rotation.
+
+    Raises:
+        FileNotFoundError if ``path`` does not exist; ValueError naming the file when it is
+        not an image Pillow can decode (or is truncated).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"image {path} does not exist")
+    try:
+        with Image.open(path) as image:
+            image.load()  # decode now, so a truncated file fails here and not later
+            image = ImageOps.exif_transpose(image)
+            return np.asarray(to_rgb(image), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+        # Pillow reports corrupt data as OSError, SyntaxError (bad PNG chunks) or ValueError.
+        raise ValueError(f"cannot read image {path}: {err}") from err
