@@ -61,3 +61,13 @@ def test_duplicate_class_names(tmp_path):
     path.write_text("cat\ndog\ncat\n")
     with pytest.raises(ValueError, match=r"repeats \['cat'\]"):
         read_classes(path)
+
+
+def test_darknet_weights_given_to_the_keras_loader(tmp_path):
+    from yolo3.model import build_model
+    from yolo3.weights import load_weights
+
+    path = tmp_path / "yolov3.weights"
+    path.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a Keras weights file.*tools/convert.py"):
+        load_weights(build_model("tiny", 2), str(path))

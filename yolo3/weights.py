@@ -47,7 +47,7 @@ def save_weights(model, path, metadata=None):
 
 def read_metadata(path):
     """The metadata dict written by :func:`save_weights`, or None if the file has none."""
-    with h5py.File(path, "r") as f:
+    with _open_h5(path) as f:
         raw = f.attrs.get(METADATA_KEY)
     return json.loads(raw) if raw is not None else None
 
@@ -55,7 +55,7 @@ def read_metadata(path):
 def _read_named_arrays(path):
     """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file."""
     arrays = {}
-    with h5py.File(path, "r") as f:
+    with _open_h5(path) as f:
         if "layers" not in f:
             return None
 
@@ -69,8 +69,18 @@ def _read_named_arrays(path):
 
 
 def is_keras2_file(path):
-    with h5py.File(path, "r") as f:
+    with _open_h5(path) as f:
         return "layer_names" in f.attrs or "model_weights" in f
+
+
+def _open_h5(path):
+    try:
+        return h5py.File(path, "r")
+    except OSError:
+        raise ValueError(
+            f"{path} is not a Keras weights file (HDF5); convert Darknet .weights files with "
+            "tools/convert.py first"
+        ) from None
 
 
 def check_num_classes(path, num_classes, source=None):
