@@ -250,9 +250,9 @@ def _resolve_masks(anchors, anchor_masks, model_type):
 def _classes_in_file(path, model_type, num_anchors):
     """Classes the file's first head was built for, or None when that cannot be read."""
     try:
-        arrays = weights_io._read_named_arrays(path)
+        arrays = weights_io.read_named_arrays(path)
         head_bias = arrays[head_layer_names(model_type)[0]][-1]
-    except (OSError, KeyError, IndexError, TypeError):
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     # Head channels = num_anchors * (5 + num_classes).
     channels = int(head_bias.shape[-1])

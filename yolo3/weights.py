@@ -52,8 +52,11 @@ def read_metadata(path):
     return json.loads(raw) if raw is not None else None
 
 
-def _read_named_arrays(path):
-    """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file."""
+def read_named_arrays(path):
+    """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file.
+
+    None when the file has no ``layers`` group; ValueError when it is not HDF5.
+    """
     arrays = {}
     with _open_h5(path) as f:
         if "layers" not in f:
@@ -120,7 +123,7 @@ def load_weights(model, path, *, skip_mismatch=False):
 
         return legacy.load_keras2_weights(model, path, skip_mismatch=skip_mismatch)
     else:
-        arrays = _read_named_arrays(path)
+        arrays = read_named_arrays(path)
         if arrays is None:
             raise ValueError(f"{path} is not a Keras weights file (no 'layers' group)")
     return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
