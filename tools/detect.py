@@ -14,9 +14,7 @@ flags, unusable weights, anchors or classes).
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3.detect import Detector, draw_detections  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
+from yolo3.weights import atomic_write  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -209,14 +208,8 @@ def expand_inputs(inputs, report, output_dir):
 
 def write_json_atomic(path, data):
     """Writes ``data`` as JSON to a temporary file beside ``path``, then renames it over."""
-    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+    with atomic_write(path) as temp, open(temp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
 
 
 def main(argv=None):

@@ -441,10 +441,5 @@ def write_keras(model, path):
     """Writes the full model to ``path`` (``*.keras``) atomically: a crash leaves no half file."""
     if not path.endswith(".keras"):
         raise ValueError(f"model path {path} must end with .keras")
-    temp = yolo_weights.atomic_path(path)
-    try:
+    with yolo_weights.atomic_write(path) as temp:
         model.save(temp)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)

@@ -9,6 +9,7 @@ from any model built by :mod:`yolo3.model` loads into any other with the same la
 Original keras-yolo3 files (Keras 2 HDF5) are read by :mod:`yolo3.legacy`.
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -21,6 +22,7 @@ METADATA_KEY = "yolo3"
 
 def atomic_path(path):
     """A temporary path beside ``path`` with the same suffix, for write-then-rename."""
+    path = str(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
@@ -30,19 +32,29 @@ def atomic_path(path):
     return temp
 
 
-def save_weights(model, path, metadata=None):
-    """Writes ``model``'s weights to ``path`` (``*.weights.h5``) atomically, with metadata."""
-    if not path.endswith(".weights.h5"):
-        raise ValueError(f"weights path {path} must end with .weights.h5")
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yields a temporary path to write; renames it over ``path`` only if the block succeeds.
+
+    A run killed mid-write leaves a hidden ``.tmp-*`` file, never a half-written ``path``.
+    """
     temp = atomic_path(path)
     try:
-        model.save_weights(temp)
-        with h5py.File(temp, "a") as f:
-            f.attrs[METADATA_KEY] = json.dumps(metadata or {}, sort_keys=True)
+        yield temp
         os.replace(temp, path)
     finally:
         if os.path.exists(temp):
             os.remove(temp)
+
+
+def save_weights(model, path, metadata=None):
+    """Writes ``model``'s weights to ``path`` (``*.weights.h5``) atomically, with metadata."""
+    if not path.endswith(".weights.h5"):
+        raise ValueError(f"weights path {path} must end with .weights.h5")
+    with atomic_write(path) as temp:
+        model.save_weights(temp)
+        with h5py.File(temp, "a") as f:
+            f.attrs[METADATA_KEY] = json.dumps(metadata or {}, sort_keys=True)
 
 
 def read_metadata(path):
