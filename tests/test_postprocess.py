@@ -7,8 +7,14 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from yolo3.image import letterbox_geometry, letterbox_geometry_tf, letterbox_image
-from yolo3.postprocess import batched_nms, decode_heads, postprocess, undo_letterbox
+from yolo3.image import letterbox_geometry, letterbox_image
+from yolo3.postprocess import (
+    batched_nms,
+    decode_heads,
+    letterbox_geometry_tf,
+    postprocess,
+    undo_letterbox,
+)
 
 # Nine anchors (w, h) in input pixels. Index 6 (head 0, slot 0) and index 3 (head 1, slot 0)
 # are chosen so the hand-made boxes below land on round numbers in the original images.

@@ -8,15 +8,19 @@ inside the input, pastes it centred on a gray canvas, and leaves the rest as pad
     pasted at ((input_w - new_w) // 2, (input_h - new_h) // 2)
 
 :func:`letterbox_geometry` is the single definition of that arithmetic; detection
-(:func:`yolo3.postprocess.undo_letterbox`, through :func:`letterbox_geometry_tf`) and
-offline preprocessing use it, so boxes map back to exactly the pixels that were resized.
+(:func:`yolo3.postprocess.undo_letterbox`, through its TensorFlow twin
+:func:`yolo3.postprocess.letterbox_geometry_tf`) and offline preprocessing use it, so boxes map
+back to exactly the pixels that were resized. This module does not import TensorFlow, so
+preprocessing worker processes start quickly.
 """
 
+import io
 import os
 
 import numpy as np
-import tensorflow as tf
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from yolo3 import fileio
 
 # The canvas colour of the original keras-yolo3; the network has seen it as "no content".
 PAD_VALUE = 128
@@ -51,31 +55,6 @@ def letterbox_geometry(image_hw, input_hw):
     new_w, new_h = max(new_w, 1), max(new_h, 1)
     offset_y, offset_x = (input_h - new_h) // 2, (input_w - new_w) // 2
     return new_h / image_h, new_w / image_w, offset_y, offset_x, new_h, new_w
-
-
-def letterbox_geometry_tf(image_hw, input_hw):
-    """:func:`letterbox_geometry` for a batch, in TensorFlow ops (usable in a tf.function).
-
-    Args:
-        image_hw: ``(N, 2)`` integer tensor of original ``(height, width)`` in pixels.
-        input_hw: ``(height, width)`` of the network input, Python ints or scalar tensors.
-
-    Returns:
-        ``scale_yx`` ``(N, 2)`` float32 (``new_h / image_h``, ``new_w / image_w``) and
-        ``offset_yx`` ``(N, 2)`` float32 (``offset_y``, ``offset_x``) in input pixels.
-    """
-    # int64 keeps the products (up to input * image size) exact, matching the Python ints.
-    image_hw = tf.cast(image_hw, tf.int64)
-    image_h, image_w = image_hw[:, 0], image_hw[:, 1]
-    input_h = tf.cast(input_hw[0], tf.int64)
-    input_w = tf.cast(input_hw[1], tf.int64)
-    width_limited = input_w * image_h <= input_h * image_w
-    new_w = tf.where(width_limited, input_w, image_w * input_h // image_h)
-    new_h = tf.where(width_limited, image_h * input_w // image_w, input_h)
-    new_w, new_h = tf.maximum(new_w, 1), tf.maximum(new_h, 1)
-    offset_yx = tf.stack([(input_h - new_h) // 2, (input_w - new_w) // 2], axis=-1)
-    scale_yx = tf.stack([new_h, new_w], axis=-1) / image_hw  # float64, exact ratio
-    return tf.cast(scale_yx, tf.float32), tf.cast(offset_yx, tf.float32)
 
 
 def letterbox_image(image, input_hw):
@@ -134,24 +113,37 @@ def to_rgb(image):
     return image.convert("RGB")
 
 
-def load_rgb(path):
-    """Reads an image file as RGB uint8, upright according to its EXIF orientation.
+def decode_rgb(data, name="image"):
+    """Decodes encoded image bytes as RGB uint8, upright according to the EXIF orientation.
+
+    Args:
+        data: the bytes of a JPEG, PNG, BMP, GIF, TIFF or any format Pillow reads.
+        name: how errors refer to the image (usually its path).
 
     Returns:
         ``(H, W, 3)`` uint8 array; H and W after the EXIF rotation.
+
+    Raises:
+        ValueError naming the image when Pillow cannot decode it or it is truncated.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()  # decode now, so a truncated file fails here and not later
+            image = ImageOps.exif_transpose(image)
+            return np.asarray(to_rgb(image), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+        # Pillow reports corrupt data as OSError, SyntaxError (bad PNG chunks) or ValueError.
+        raise ValueError(f"cannot read image {name}: {err}") from err
+
+
+def load_rgb(path):
+    """Reads an image file (local or any ``tf.io.gfile`` path) with :func:`decode_rgb`.
 
     Raises:
         FileNotFoundError if ``path`` does not exist; ValueError naming the file when it is
         not an image Pillow can decode (or is truncated).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not fileio.exists(path):
         raise FileNotFoundError(f"image {path} does not exist")
-    try:
-        with Image.open(path) as image:
-            image.load()  # decode now, so a truncated file fails here and not later
-            image = ImageOps.exif_transpose(image)
-            return np.asarray(to_rgb(image), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        # Pillow reports corrupt data as OSError, SyntaxError (bad PNG chunks) or ValueError.
-        raise ValueError(f"cannot read image {path}: {err}") from err
+    return decode_rgb(fileio.read_bytes(path), path)

@@ -11,7 +11,6 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 
 import tensorflow as tf
 
-from yolo3.image import letterbox_geometry_tf
 from yolo3.resources import default_anchor_masks
 
 
@@ -88,6 +87,31 @@ def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
         all_boxes.append(tf.reshape(boxes, [batch, -1, 4]))
         all_scores.append(tf.reshape(scores, [batch, -1, num_classes]))
     return tf.concat(all_boxes, axis=1), tf.concat(all_scores, axis=1)
+
+
+def letterbox_geometry_tf(image_hw, input_hw):
+    """:func:`yolo3.image.letterbox_geometry` for a batch in TensorFlow ops (tf.function-safe).
+
+    Args:
+        image_hw: ``(N, 2)`` integer tensor of original ``(height, width)`` in pixels.
+        input_hw: ``(height, width)`` of the network input, Python ints or scalar tensors.
+
+    Returns:
+        ``scale_yx`` ``(N, 2)`` float32 (``new_h / image_h``, ``new_w / image_w``) and
+        ``offset_yx`` ``(N, 2)`` float32 (``offset_y``, ``offset_x``) in input pixels.
+    """
+    # int64 keeps the products (up to input * image size) exact, matching the Python ints.
+    image_hw = tf.cast(image_hw, tf.int64)
+    image_h, image_w = image_hw[:, 0], image_hw[:, 1]
+    input_h = tf.cast(input_hw[0], tf.int64)
+    input_w = tf.cast(input_hw[1], tf.int64)
+    width_limited = input_w * image_h <= input_h * image_w
+    new_w = tf.where(width_limited, input_w, image_w * input_h // image_h)
+    new_h = tf.where(width_limited, image_h * input_w // image_w, input_h)
+    new_w, new_h = tf.maximum(new_w, 1), tf.maximum(new_h, 1)
+    offset_yx = tf.stack([(input_h - new_h) // 2, (input_w - new_w) // 2], axis=-1)
+    scale_yx = tf.stack([new_h, new_w], axis=-1) / image_hw  # float64, exact ratio
+    return tf.cast(scale_yx, tf.float32), tf.cast(offset_yx, tf.float32)
 
 
 def undo_letterbox(boxes, image_hw, input_hw):

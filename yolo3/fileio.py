@@ -1,0 +1,85 @@
+"""File access that works for local paths and for every filesystem TensorFlow provides.
+
+Local paths use the standard library, so preprocessing worker processes never import
+TensorFlow. A path with a scheme (``gs://bucket/...``, ``s3://``, ``hdfs://``) goes through
+``tf.io.gfile``, imported only then.
+"""
+
+import glob as _glob
+import os
+import shutil
+
+
+def is_remote(path):
+    """True for ``scheme://`` paths, which need ``tf.io.gfile``."""
+    return "://" in os.fspath(path)
+
+
+def _gfile():
+    import tensorflow as tf  # deferred: local paths never pay for it
+
+    return tf.io.gfile
+
+
+def join(*parts):
+    parts = [os.fspath(p) for p in parts]
+    if is_remote(parts[0]):
+        return "/".join([parts[0].rstrip("/")] + [p.strip("/") for p in parts[1:]])
+    return os.path.join(*parts)
+
+
+def exists(path):
+    path = os.fspath(path)
+    return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def makedirs(path):
+    path = os.fspath(path)
+    if is_remote(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def open_file(path, mode="rb"):
+    """A file object for ``path``: built-in ``open`` locally, ``tf.io.gfile.GFile`` remotely."""
+    path = os.fspath(path)
+    if is_remote(path):
+        return _gfile().GFile(path, mode)
+    encoding = None if "b" in mode else "utf-8"
+    return open(path, mode, encoding=encoding)
+
+
+def read_bytes(path):
+    with open_file(path, "rb") as f:
+        return f.read()
+
+
+def rename(source, target):
+    """Renames ``source`` to ``target``, replacing it (atomic on local filesystems)."""
+    source, target = os.fspath(source), os.fspath(target)
+    if is_remote(source):
+        _gfile().rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
+def remove(path):
+    path = os.fspath(path)
+    if is_remote(path):
+        _gfile().remove(path)
+    else:
+        os.remove(path)
+
+
+def rmtree(path):
+    path = os.fspath(path)
+    if is_remote(path):
+        _gfile().rmtree(path)
+    else:
+        shutil.rmtree(path)
+
+
+def glob(pattern):
+    pattern = os.fspath(pattern)
+    return sorted(_gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern))
