@@ -17,6 +17,7 @@ setup(
         "numpy>=1.26",
         "pillow>=10",
         "h5py>=3.10",
+        "tqdm>=4.60",
     ],
     extras_require={
         # OpenCV reads videos in tools/detect.py and is the independent Darknet

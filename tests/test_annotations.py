@@ -1,0 +1,327 @@
+"""Annotation lines: parsing with reasons for every rejection, writing, and data set hygiene."""
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yolo3.annotations import (
+    Entry,
+    drop_rare_classes,
+    format_line,
+    parse_annotation_files,
+    parse_annotations,
+    split_validation,
+    write_annotations,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="train.txt"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def entry(path, classes, boxes=None):
+    classes = np.asarray(classes, np.int64)
+    if boxes is None:
+        boxes = [[i, i, i + 10, i + 10] for i in range(len(classes))]
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return Entry(path=path, boxes=boxes, classes=classes, source="a.txt", line=1)
+
+
+def test_good_lines_background_spaces_blank_and_comments(tmp_path):
+    text = (
+        "# made by hand\n"
+        "images/dog 1.jpg 48,240,195,371,1 8,12.5,352,498,0\n"
+        "\n"
+        "   \n"
+        "images/empty.jpg\n"
+        "/abs/cat,2.jpg -3,0,20,20,1\n"
+    )
+    path = write(tmp_path, text)
+    entries, rejects, counts = parse_annotations(path, num_classes=2)
+    assert rejects == []
+    assert [e.path for e in entries] == [
+        str(tmp_path / "images" / "dog 1.jpg"),
+        str(tmp_path / "images" / "empty.jpg"),
+        "/abs/cat,2.jpg",
+    ]
+    np.testing.assert_array_equal(entries[0].boxes, [[48, 240, 195, 371], [8, 12.5, 352, 498]])
+    assert entries[0].boxes.dtype == np.float64 and entries[0].classes.dtype == np.int64
+    np.testing.assert_array_equal(entries[0].classes, [1, 0])
+    assert entries[1].boxes.shape == (0, 4) and entries[1].classes.shape == (0,)
+    # Negative coordinates are kept: the preprocessing worker clips to the image.
+    np.testing.assert_array_equal(entries[2].boxes, [[-3, 0, 20, 20]])
+    assert [(e.source, e.line) for e in entries] == [(path, 2), (path, 5), (path, 6)]
+    assert counts == {
+        "lines": 6,
+        "comment_lines": 1,
+        "blank_lines": 2,
+        "images": 3,
+        "boxes": 3,
+        "background_images": 1,
+    }
+
+
+def test_windows_line_endings_and_byte_order_mark(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_bytes("\ufeffa.jpg 1,2,3,4,0\r\nb.jpg\r\n".encode())
+    entries, rejects, _ = parse_annotations(path, num_classes=1)
+    assert [os.path.basename(e.path) for e in entries] == ["a.jpg", "b.jpg"] and not rejects
+
+
+@pytest.mark.parametrize(
+    "box, reason, detail",
+    [
+        ("12,40,8,90,0", "inverted_box", "box 12,40,8,90,0 has x_max < x_min"),
+        ("12,40,18,30,0", "inverted_box", "has y_max < y_min"),
+        ("12,40,12,90,0", "zero_area_box", "zero width or height"),
+        ("1,2,3,4", "malformed_box", "has 4 fields; expected 5"),
+        ("1,2,3,4,0,5", "malformed_box", "has 6 fields"),
+        ("1,2,x3,4,0", "malformed_number", "'x3', which is not a number"),
+        ("1,2,inf,4,0", "non_finite", "non-finite coordinate 'inf'"),
+        ("1,2,3,nan,0", "non_finite", "'nan'"),
+        ("1,2,3,4,1.5", "bad_class_id", "class id '1.5'; expected an integer"),
+        ("1,2,3,4,3", "class_out_of_range", r"class id 3, but the classes file has 3 classes"),
+        ("1,2,3,4,-1", "class_out_of_range", "class id -1"),
+    ],
+)
+def test_each_bad_box_is_rejected_alone_with_file_and_line(tmp_path, box, reason, detail):
+    path = write(tmp_path, f"first.jpg 1,1,2,2,0\nimg.jpg 5,5,9,9,2 {box}\n")
+    entries, rejects, counts = parse_annotations(path, num_classes=3)
+    assert len(rejects) == 1
+    reject = rejects[0]
+    assert (reject.reason, reject.scope, reject.line, reject.source) == (reason, "box", 2, path)
+    assert reject.message.startswith(f"{path}:2: box {box} ")
+    assert re.search(detail, reject.message), reject.message
+    assert reject.message.endswith("the box is skipped")
+    # The valid box of the same line survives.
+    np.testing.assert_array_equal(entries[1].boxes, [[5, 5, 9, 9]])
+    assert counts["rejected_boxes"] == 1 and counts["boxes"] == 2
+
+
+def test_whole_line_rejections(tmp_path):
+    path = write(tmp_path, "1,2,3,4,0 img.jpg\nonly_bad.jpg 9,9,1,1,0\nok.jpg\n")
+    entries, rejects, counts = parse_annotations(path, num_classes=1)
+    assert [os.path.basename(e.path) for e in entries] == ["ok.jpg"]
+    assert [(r.reason, r.scope, r.line) for r in rejects] == [
+        ("missing_path", "line", 1),
+        ("inverted_box", "box", 2),
+        ("all_boxes_rejected", "line", 2),
+    ]
+    assert rejects[0].message.startswith(f"{path}:1: line starts with the box 1,2,3,4,0")
+    assert "only_bad.jpg was rejected" in rejects[2].message
+    assert counts["rejected_lines"] == 2 and counts["background_images"] == 1
+
+
+def test_trailing_garbage_after_boxes_is_a_rejected_box(tmp_path):
+    path = write(tmp_path, "a.jpg 1,2,3,4,0 junk\n")
+    entries, rejects, _ = parse_annotations(path, num_classes=1)
+    assert len(entries[0].boxes) == 1
+    assert rejects[0].reason == "malformed_box" and "box junk has 1 field;" in rejects[0].message
+
+
+def test_num_classes_none_checks_only_sign(tmp_path):
+    path = write(tmp_path, "a.jpg 1,2,3,4,500 1,2,3,4,-2\n")
+    entries, rejects, _ = parse_annotations(path, num_classes=None)
+    assert entries[0].classes.tolist() == [500]
+    assert [r.reason for r in rejects] == ["class_out_of_range"]
+    with pytest.raises(ValueError, match="num_classes is 0"):
+        parse_annotations(path, num_classes=0)
+
+
+def test_image_root_and_absolute_paths(tmp_path):
+    path = write(tmp_path, "sub/a.jpg\n/data/b.jpg\ngs://bucket/c.jpg\n")
+    default, _, _ = parse_annotations(path, num_classes=1)
+    assert [e.path for e in default] == [
+        str(tmp_path / "sub" / "a.jpg"),
+        "/data/b.jpg",
+        "gs://bucket/c.jpg",
+    ]
+    rooted, _, _ = parse_annotations(path, num_classes=1, image_root="/images")
+    assert [e.path for e in rooted] == ["/images/sub/a.jpg", "/data/b.jpg", "gs://bucket/c.jpg"]
+    remote, _, _ = parse_annotations(path, num_classes=1, image_root="gs://bucket/root/")
+    assert remote[0].path == "gs://bucket/root/sub/a.jpg"
+
+
+def test_several_files_concatenate_and_sum_counts(tmp_path):
+    first = write(tmp_path, "a.jpg 1,2,3,4,0\n", "a.txt")
+    second = write(tmp_path, "b.jpg\nc.jpg 1,1,0,0,0 1,1,2,2,0\n", "b.txt")
+    entries, rejects, counts = parse_annotation_files([first, second], num_classes=1)
+    assert [(os.path.basename(e.path), e.source, e.line) for e in entries] == [
+        ("a.jpg", first, 1),
+        ("b.jpg", second, 1),
+        ("c.jpg", second, 2),
+    ]
+    assert [(r.source, r.line) for r in rejects] == [(second, 2)]
+    assert (counts["lines"], counts["boxes"], counts["images"]) == (3, 2, 3)
+
+
+def test_format_and_write_round_trip(tmp_path):
+    boxes = np.array([[1, 2, 30, 40], [0.5, 1.25, 7, 8.125]])
+    line = format_line("my images/x.jpg", boxes, [3, 0])
+    assert line == "my images/x.jpg 1,2,30,40,3 0.5,1.25,7,8.125,0"
+    assert format_line("bg.jpg", np.zeros((0, 4)), []) == "bg.jpg"
+    out = tmp_path / "nested" / "out.txt"
+    assert write_annotations(out, [line, "bg.jpg"]) == 2
+    assert [p.name for p in out.parent.iterdir()] == ["out.txt"]  # no temporary file left
+    entries, rejects, _ = parse_annotations(out, num_classes=4)
+    assert not rejects
+    np.testing.assert_array_equal(entries[0].boxes, boxes)
+    assert entries[0].classes.tolist() == [3, 0] and entries[0].path.endswith("my images/x.jpg")
+
+
+@pytest.mark.parametrize("path", ["", "a.jpg\nb.jpg", "1,2,3,4,0", "dir 1,2 x.jpg", "#1.jpg"])
+def test_format_line_refuses_paths_that_would_not_read_back(path):
+    with pytest.raises(ValueError, match="image path"):
+        format_line(path, np.zeros((0, 4)), [])
+
+
+def test_format_line_checks_lengths():
+    with pytest.raises(ValueError, match="2 boxes but 1 class ids"):
+        format_line("a.jpg", np.ones((2, 4)), [0])
+
+
+def test_drop_rare_classes_by_hand():
+    names = ["a", "b", "c", "d"]
+    entries = [
+        entry("1.jpg", [0, 1]),
+        entry("2.jpg", [0, 2, 2]),
+        entry("3.jpg", [3]),
+        entry("4.jpg", [2]),
+        entry("5.jpg", []),
+    ]
+    # images per class: a 2, b 1, c 2, d 1 -> with min_images=2, b and d go; c becomes 1.
+    kept, kept_names, report = drop_rare_classes(entries, names, 2)
+    assert kept_names == ["a", "c"]
+    assert [e.classes.tolist() for e in kept] == [[0], [0, 1, 1], [], [1], []]
+    np.testing.assert_array_equal(kept[0].boxes, entries[0].boxes[:1])
+    np.testing.assert_array_equal(kept[1].boxes, entries[1].boxes)
+    assert kept[2].boxes.shape == (0, 4) and kept[2].path == "3.jpg"
+    assert report == {
+        "dropped": [
+            {"class_id": 1, "name": "b", "images": 1},
+            {"class_id": 3, "name": "d", "images": 1},
+        ],
+        "boxes_removed": 2,
+        "images_left_empty": 1,
+    }
+    same, same_names, same_report = drop_rare_classes(entries, names, 1)
+    assert same_names == names and same_report["boxes_removed"] == 0
+    assert [e.classes.tolist() for e in same] == [e.classes.tolist() for e in entries]
+
+
+def test_drop_rare_classes_refuses_ids_beyond_the_names():
+    with pytest.raises(ValueError, match="class id 4, but there are 2 class names"):
+        drop_rare_classes([entry("1.jpg", [4])], ["a", "b"], 1)
+
+
+def _dataset(num_images=60, num_classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        entry(f"img{i}.jpg", rng.integers(num_classes, size=rng.integers(0, 4)))
+        for i in range(num_images)
+    ]
+
+
+def test_fraction_split_is_deterministic_disjoint_and_ordered():
+    entries = _dataset()
+    train, val = split_validation(entries, fraction=0.25, seed=3)
+    assert len(val) == 15 and len(train) == 45
+    assert {e.path for e in train}.isdisjoint(e.path for e in val)
+    # Each side keeps the original order.
+    assert [e.path for e in train] == [e.path for e in entries if e in train]
+    assert [e.path for e in val] == [e.path for e in entries if e in val]
+    again = split_validation(entries, fraction=0.25, seed=3)
+    assert [e.path for e in again[1]] == [e.path for e in val]
+    other = split_validation(entries, fraction=0.25, seed=4)
+    assert {e.path for e in other[1]} != {e.path for e in val}
+    # An image's side depends on its path and the seed, not on the file order.
+    _, reversed_val = split_validation(entries[::-1], fraction=0.25, seed=3)
+    assert {e.path for e in reversed_val} == {e.path for e in val}
+
+
+def test_duplicate_paths_stay_on_one_side():
+    entries = _dataset(20)
+    entries += [entry(e.path, [0]) for e in entries]
+    for seed in range(5):
+        train, val = split_validation(entries, fraction=0.5, seed=seed)
+        assert {e.path for e in train}.isdisjoint(e.path for e in val)
+        assert len(train) + len(val) == 40 and len(val) % 2 == 0
+
+
+def test_per_class_split_serves_every_class_and_keeps_training_images(caplog):
+    entries = _dataset(80, num_classes=6, seed=1)
+    entries.append(entry("rare_a.jpg", [6]))
+    entries.append(entry("rare_b.jpg", [6, 0]))
+    entries.append(entry("single.jpg", [7]))  # one image: it must stay in training
+    with caplog.at_level(logging.WARNING, logger="yolo3.annotations"):
+        train, val = split_validation(entries, per_class=3, seed=0)
+    assert {e.path for e in train}.isdisjoint(e.path for e in val)
+    assert len(train) + len(val) == len(entries)
+
+    def images_with(split, class_id):
+        return sum(class_id in e.classes for e in split)
+
+    for class_id in range(6):
+        assert images_with(val, class_id) >= 3
+        assert images_with(train, class_id) >= 1
+    # Class 6 has 2 images: 1 goes to validation, 1 stays; class 7 stays in training.
+    assert (images_with(val, 6), images_with(train, 6)) == (1, 1)
+    assert (images_with(val, 7), images_with(train, 7)) == (0, 1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [
+        "class 6 is in 2 images; 1 go to validation (asked for 3) so that training keeps at "
+        "least one",
+        "class 7 is in 1 images; 0 go to validation (asked for 3) so that training keeps at "
+        "least one",
+    ]
+    again = split_validation(entries, per_class=3, seed=0)
+    assert [e.path for e in again[1]] == [e.path for e in val]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "exactly one of"),
+        ({"fraction": 0.1, "per_class": 1}, "exactly one of"),
+        ({"fraction": 1.0}, "fraction is 1.0"),
+        ({"per_class": 0}, "per_class is 0"),
+    ],
+)
+def test_split_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        split_validation(_dataset(10), **kwargs)
+
+
+def test_split_needs_two_images():
+    with pytest.raises(ValueError, match="1 distinct images cannot be split"):
+        split_validation([entry("a.jpg", [0]), entry("a.jpg", [1])], fraction=0.5)
+
+
+def test_preprocessing_modules_do_not_import_tensorflow():
+    code = (
+        "import importlib.util, sys\n"
+        "import yolo3.annotations, yolo3.kmeans\n"
+        "for name in ('voc_annotation', 'coco_annotation', 'kmeans'):\n"
+        "    spec = importlib.util.spec_from_file_location(name, f'tools/{name}.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
