@@ -18,6 +18,8 @@ setup(
         "pillow>=10",
         "h5py>=3.10",
         "tqdm>=4.60",
+        # tf.summary writes TensorBoard logs only with it installed (TF 2.21 no longer pulls it in).
+        "tensorboard>=2.21,<2.22",
     ],
     extras_require={
         # OpenCV reads videos in tools/detect.py and is the independent Darknet

@@ -1,0 +1,24 @@
+"""Keras callbacks for training YOLOv3 with ``model.fit`` on one device or many.
+
+- :class:`TemplateCheckpoint`: the bare ``yolo_body`` weights (last, best, every k epochs)
+  plus the full training state for ``--resume``; written by the chief worker only.
+- :class:`Throughput`: images/s and the time each step waited for input.
+- :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
+- :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
+- :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
+- :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
+"""
+
+from callbacks.checkpoint import TemplateCheckpoint, read_training_state
+from callbacks.monitor import LearningRateLogger, StopOnNonFinite, Throughput
+from callbacks.schedule import FreezeSchedule, PlateauScale
+
+__all__ = [
+    "FreezeSchedule",
+    "LearningRateLogger",
+    "PlateauScale",
+    "StopOnNonFinite",
+    "TemplateCheckpoint",
+    "Throughput",
+    "read_training_state",
+]

@@ -1,0 +1,111 @@
+"""Checkpoints of the single-device template model, and the training state for ``--resume``.
+
+Files in the checkpoint folder (the chief worker's; the other workers of a multi-worker job
+save the same files into a scratch folder that is deleted, because reading some distributed
+variables is a collective that every worker must join):
+
+``last.weights.h5``           the bare ``yolo_body`` after the latest epoch
+``best.weights.h5``           the bare ``yolo_body`` with the lowest ``monitor`` (val_loss)
+``epoch-0010.weights.h5``     every ``every`` epochs, when asked
+``state.weights.h5``          the whole trainer: body, optimizer slots and step counter,
+                              learning-rate scale; its metadata holds the finished epoch
+
+Every file is written under a temporary name and renamed, so a killed run never leaves a
+file that looks complete but is not. The template files load with
+:func:`yolo3.weights.load_weights` into a model built with no strategy.
+"""
+
+import json
+import math
+import os
+import shutil
+import tempfile
+
+import h5py
+import keras
+
+from yolo3.weights import METADATA_KEY, atomic_write, read_metadata, save_weights
+
+LAST = "last.weights.h5"
+BEST = "best.weights.h5"
+STATE = "state.weights.h5"
+
+
+def read_training_state(directory):
+    """``(path, metadata)`` of the training state in ``directory``, or ``None`` if absent.
+
+    ``metadata["epoch"]`` is the number of finished epochs.
+    """
+    path = os.path.join(directory, STATE)
+    if not os.path.exists(path):
+        return None
+    return path, read_metadata(path)
+
+
+def _finite_logs(logs):
+    return {k: float(v) for k, v in (logs or {}).items() if math.isfinite(float(v))}
+
+
+class TemplateCheckpoint(keras.callbacks.Callback):
+    """Saves ``body`` (never the training wrapper) and the training state at each epoch end.
+
+    Args:
+        directory: the checkpoint folder.
+        body: the template model, ``trainer.body``.
+        worker: this process's :class:`yolo3.distribute.WorkerInfo` (None: a single process).
+        every: also keep ``epoch-NNNN.weights.h5`` every ``every`` epochs (None: never).
+        monitor: the log that picks ``best.weights.h5``, lower is better.
+        metadata: JSON-able dict stored in every file (classes, anchors, input size...).
+    """
+
+    def __init__(
+        self, directory, body, *, worker=None, every=None, monitor="val_loss", metadata=None
+    ):
+        super().__init__()
+        self.is_chief = worker is None or worker.is_chief
+        self.target = directory
+        self.directory = directory
+        self.body = body
+        self.every = every
+        self.monitor = monitor
+        self.metadata = dict(metadata or {})
+        self.best = math.inf
+        self.saved = []
+
+    def on_train_begin(self, logs=None):
+        best = os.path.join(self.directory, BEST)
+        if os.path.exists(best):  # a resumed run keeps the best it had found
+            self.best = read_metadata(best).get("logs", {}).get(self.monitor, math.inf)
+        if self.is_chief:
+            os.makedirs(self.directory, exist_ok=True)
+        else:
+            self.directory = tempfile.mkdtemp(prefix="yolo3-worker-checkpoints-")
+
+    def on_train_end(self, logs=None):
+        if not self.is_chief:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = self.target
+
+    def _save_template(self, name, metadata):
+        path = os.path.join(self.directory, name)
+        save_weights(self.body, path, metadata)
+        if self.is_chief:
+            self.saved.append(path)
+
+    def on_epoch_end(self, epoch, logs=None):
+        finished = epoch + 1
+        logs = _finite_logs(logs)
+        metadata = {**self.metadata, "epoch": finished, "logs": logs}
+        self._save_template(LAST, metadata)
+        value = logs.get(self.monitor)
+        if value is not None and value < self.best:
+            self.best = value
+            self._save_template(BEST, metadata)
+        if self.every and finished % self.every == 0:
+            self._save_template(f"epoch-{finished:04d}.weights.h5", metadata)
+        path = os.path.join(self.directory, STATE)
+        with atomic_write(path) as temp:
+            self.model.save_weights(temp)
+            with h5py.File(temp, "a") as f:
+                state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
+                f.attrs[METADATA_KEY] = json.dumps(state, sort_keys=True)

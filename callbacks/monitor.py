@@ -1,0 +1,113 @@
+"""Watching a run: images/s and input wait, the learning rate, non-finite losses."""
+
+import math
+import time
+
+import keras
+import numpy as np
+
+from yolo3.trainer import INPUT_WAIT_KEY
+
+
+class Throughput(keras.callbacks.Callback):
+    """Images per second and the share of each step spent waiting for input.
+
+    The trainer measures in the graph when a step's batch arrived; this callback records
+    when the step was requested, and the difference is the wait (dispatch overhead
+    included, a few hundred microseconds). A large wait means the input pipeline cannot
+    keep up: preprocess offline with more copies, use more reader cores, or a faster disk.
+    Epoch logs gain ``images_per_second`` and ``input_wait_fraction``.
+
+    Args:
+        global_batch_size: images per step over all replicas and workers.
+        clock: the trainer's ``input_clock`` (``YoloTrainer.input_clock``), or None.
+        skip_first: steps excluded from the figures (tracing and warm-up).
+    """
+
+    def __init__(self, global_batch_size, clock=None, skip_first=1, log=None):
+        super().__init__()
+        self.global_batch_size = int(global_batch_size)
+        self.clock = clock
+        self.skip_first = skip_first
+        self.log = log
+        self.history = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.step_seconds, self.waits, self.steps = [], [], 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.started = time.perf_counter()
+        if self.clock is not None:
+            self.clock.assign(time.time())
+
+    def on_train_batch_end(self, batch, logs=None):
+        elapsed = time.perf_counter() - self.started
+        wait = logs.pop(INPUT_WAIT_KEY, None) if logs is not None else None
+        self.steps += 1
+        if self.steps > self.skip_first:
+            self.step_seconds.append(elapsed)
+            if wait is not None:
+                self.waits.append(min(max(float(wait), 0.0), elapsed))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.pop(INPUT_WAIT_KEY, None)
+        if not self.step_seconds:
+            return
+        seconds = float(np.sum(self.step_seconds))
+        rate = self.global_batch_size * len(self.step_seconds) / seconds
+        figures = {"images_per_second": rate}
+        if self.waits:
+            figures["input_wait_fraction"] = float(np.sum(self.waits)) / seconds
+        self.history.append(figures)
+        if logs is not None:
+            logs.update(figures)
+        if self.log:
+            wait = figures.get("input_wait_fraction")
+            waited = "" if wait is None else f", {100 * wait:.1f}% of step time waiting for input"
+            self.log(f"epoch {epoch + 1}: {rate:.1f} images/s{waited}")
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds the optimizer's current learning rate to the epoch logs as ``learning_rate``."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        optimizer = self.model.optimizer
+        rate = optimizer.learning_rate
+        if callable(rate):
+            rate = rate(optimizer.iterations)
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
+
+
+class StopOnNonFinite(keras.callbacks.Callback):
+    """Stops training when the loss or one of its terms becomes NaN or infinite.
+
+    ``message`` names the epoch, the step and the terms that went bad (the logged values
+    are running means over the epoch, so the step is the first one that was non-finite).
+    """
+
+    def __init__(self, terms=("loss", "xy_loss", "wh_loss", "objectness_loss", "class_loss")):
+        super().__init__()
+        self.terms = terms
+        self.message = None
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        bad = {
+            name: float(logs[name])
+            for name in self.terms
+            if logs and name in logs and not math.isfinite(float(logs[name]))
+        }
+        if bad and self.message is None:
+            terms = ", ".join(f"{name}={value}" for name, value in bad.items())
+            self.message = (
+                f"non-finite loss at epoch {self.epoch + 1}, step {batch + 1}: {terms}. "
+                "Lower --lr, lengthen the warmup, or check the data with "
+                "tools/preprocess.py --verify"
+            )
+            self.model.stop_training = True

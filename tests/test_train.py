@@ -1,0 +1,153 @@
+"""train.py end to end on one device: checkpoints, resume, freezing, mixed precision."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from helpers import SMALL_ANCHORS
+from train_helpers import SIZE, small_record_set, train_args, write_anchors
+
+import train
+from callbacks import StopOnNonFinite, read_training_state
+from yolo3 import training
+from yolo3.model import tiny_yolo_body
+from yolo3.weights import load_weights, read_metadata, save_weights
+
+
+@pytest.fixture(scope="module")
+def record_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("records")
+    return small_record_set(folder / "set"), write_anchors(folder / "anchors.txt")
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _body(weights=None):
+    body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    if weights:
+        load_weights(body, weights)
+    return body
+
+
+def _arrays(path):
+    body = _body(path)
+    return {
+        layer.name: [w.numpy() for w in layer.weights] for layer in body.layers if layer.weights
+    }
+
+
+def test_train_writes_template_checkpoints_that_reload_without_the_trainer(record_set, tmp_path):
+    records, anchors = record_set
+    config = train.config_from_args(
+        train.build_parser().parse_args(train_args(records, tmp_path, anchors, "--epochs", "2"))
+    )
+    training.configure(config)
+    result = training.run(config, log=lambda *_: None)
+    assert result.epochs_done == 2 and result.stopped_reason is None
+    assert all(math.isfinite(v) for v in result.history["loss"] + result.history["val_loss"])
+    for term in ("xy_loss", "wh_loss", "objectness_loss", "class_loss", "learning_rate"):
+        assert term in result.history
+    assert (tmp_path / "config.json").exists()
+    checkpoints = tmp_path / "checkpoints"
+    assert {p.name for p in checkpoints.iterdir()} == {
+        "last.weights.h5",
+        "best.weights.h5",
+        "state.weights.h5",
+    }
+    assert read_metadata(str(checkpoints / "last.weights.h5"))["epoch"] == 2
+    # The template file holds the bare body: it loads into a fresh model with no wrapper
+    # and predicts exactly what the trained model predicts.
+    fresh = _body(str(checkpoints / "last.weights.h5"))
+    images = np.random.default_rng(0).uniform(0, 1, (2, SIZE, SIZE, 3)).astype(np.float32)
+    for ours, theirs in zip(fresh(images), result.trainer.body(images)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
+    records, anchors = record_set
+    initial = str(tmp_path / "init.weights.h5")
+    save_weights(_body(), initial)
+    code = train.main(
+        train_args(
+            records, tmp_path / "run", anchors,
+            "--weights", initial, "--epochs", "2", "--freeze-body", "1",
+            "--freeze-epochs", "1", "--checkpoint-every", "1",
+        )
+    )  # fmt: skip
+    assert code == 0
+    start = _arrays(initial)
+    first = _arrays(str(tmp_path / "run/checkpoints/epoch-0001.weights.h5"))
+    second = _arrays(str(tmp_path / "run/checkpoints/epoch-0002.weights.h5"))
+
+    def moved(a, b, name):
+        return any(not np.array_equal(x, y) for x, y in zip(a[name], b[name]))
+
+    backbone = [f"{kind}_{i}" for i in range(5) for kind in ("conv", "bn")]
+    rest = [name for name in start if name not in backbone]
+    # Epoch 1: the backbone (weights and BN statistics) is frozen, the rest trains.
+    assert not any(moved(start, first, name) for name in backbone)
+    assert all(moved(start, first, name) for name in rest)
+    # Epoch 2: everything trains.
+    assert all(moved(first, second, name) for name in backbone + rest)
+
+
+def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path):
+    records, anchors = record_set
+    args = train_args(records, tmp_path, anchors, "--steps-per-epoch", "3")
+    assert train.main([*args, "--epochs", "1"]) == 0
+    path, metadata = read_training_state(str(tmp_path / "checkpoints"))
+    assert metadata["epoch"] == 1
+    # A second run into the same folder must say how to continue instead of overwriting.
+    assert train.main([*args, "--epochs", "2"]) == 2
+    config = train.config_from_args(
+        train.build_parser().parse_args([*args, "--epochs", "2", "--resume"])
+    )
+    result = training.run(config, log=lambda *_: None)
+    assert result.epochs_done == 2
+    assert int(result.trainer.optimizer.iterations) == 6  # 3 restored + 3 new steps
+    assert read_training_state(str(tmp_path / "checkpoints"))[1]["epoch"] == 2
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_mixed_precision_trains_with_a_finite_loss(record_set, tmp_path, precision):
+    records, anchors = record_set
+    args = train_args(
+        records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "3",
+        "--mixed-precision", precision,
+    )  # fmt: skip
+    config = train.config_from_args(train.build_parser().parse_args(args))
+    training.configure(config)
+    result = training.run(config, log=lambda *_: None)
+    assert result.trainer.body.layers[1].compute_dtype == precision
+    assert all(math.isfinite(v) for v in result.history["loss"])
+    # The template checkpoint stays float32 and loads into a float32 model.
+    keras.mixed_precision.set_global_policy("float32")
+    _body(str(tmp_path / "checkpoints/last.weights.h5"))
+
+
+def test_non_finite_loss_stops_training_naming_step_and_term():
+    callback = StopOnNonFinite()
+    callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+    callback.on_epoch_begin(2)
+    callback.on_train_batch_end(0, {"loss": 3.0, "wh_loss": 1.0})
+    assert callback.message is None
+    callback.on_train_batch_end(6, {"loss": float("nan"), "wh_loss": float("inf")})
+    assert callback.model.stop_training
+    assert "epoch 3, step 7" in callback.message
+    assert "wh_loss=inf" in callback.message and "loss=nan" in callback.message
+
+
+def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
+    records, anchors = record_set
+    assert train.main(train_args(records, tmp_path, anchors, "--freeze-body", "1")) == 2
+    assert "--freeze-epochs" in capsys.readouterr().err
+    assert train.main(train_args(tmp_path / "nothing", tmp_path, anchors)) == 2
+    assert "tools/preprocess.py" in capsys.readouterr().err
+    wrong = write_anchors(tmp_path / "nine.txt", np.tile(SMALL_ANCHORS, (2, 1))[:9])
+    assert train.main(train_args(records, tmp_path, wrong, "--model", "tiny")) == 2
+    assert "6" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""Train YOLOv3 or tiny-YOLOv3 on a record set, on a CPU, one or several GPUs, or machines.
+
+    python tools/preprocess.py --annotations train.txt --classes classes.txt --output rec
+    python train.py --records rec --anchors model_data/yolo_anchors.txt --gpus 4
+
+``--batch-size`` is per replica; the learning rate scales linearly with the global batch.
+With ``TF_CONFIG`` (or a multi-task Slurm step) in the environment, every worker runs this
+same command and they train as one job (``tools/launch.py`` starts such jobs).
+A job killed mid-training resumes from its last backup when started again with the same
+command; ``--resume`` continues a finished run from its saved state (e.g. more epochs).
+
+Exit status: 0 when training finished, 1 when it stopped on a non-finite loss, 2 on bad
+usage or input.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from yolo3 import training  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent
+
+
+def _on_off(text):
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
+    return text == "on"
+
+
+def build_parser():
+    defaults = training.TrainConfig(records="", log_dir="")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data = parser.add_argument_group("data and model")
+    data.add_argument("--records", required=True, help="record set from tools/preprocess.py")
+    data.add_argument("--val-records", help="validation record set (default: --records' val)")
+    data.add_argument(
+        "--anchors",
+        default=str(REPO_ROOT / "model_data" / "tiny_yolo_anchors.txt"),
+        help="anchors file: 9 pairs for yolov3, 6 for tiny",
+    )
+    data.add_argument("--model", choices=("yolov3", "tiny"), help="default: from the anchors")
+    data.add_argument(
+        "--weights",
+        help="initial weights: converted Darknet, our checkpoints or "
+        "original keras-yolo3 .h5 (mismatched heads are skipped and reported)",
+    )
+    data.add_argument("--log-dir", default="logs/run", help="checkpoints, TensorBoard, config")
+    sched = parser.add_argument_group("schedule")
+    sched.add_argument("--epochs", type=int, default=defaults.epochs)
+    sched.add_argument(
+        "--batch-size", type=int, default=defaults.batch_size, help="images per replica per step"
+    )
+    sched.add_argument(
+        "--lr",
+        type=float,
+        default=defaults.lr,
+        help="learning rate for a global batch of --lr-reference-batch",
+    )
+    sched.add_argument("--lr-reference-batch", type=int, default=defaults.lr_reference_batch)
+    sched.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine")
+    sched.add_argument("--warmup-epochs", type=float, default=defaults.warmup_epochs)
+    sched.add_argument("--optimizer", choices=("adam", "sgd"), default=defaults.optimizer)
+    sched.add_argument("--momentum", type=float, default=defaults.momentum)
+    sched.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
+    sched.add_argument(
+        "--freeze-body",
+        type=int,
+        choices=(0, 1, 2),
+        default=0,
+        help="1: freeze the backbone, 2: all but the heads, for --freeze-epochs",
+    )
+    sched.add_argument("--freeze-epochs", type=int, default=0)
+    sched.add_argument("--steps-per-epoch", type=int, help="default: one pass over the records")
+    sched.add_argument(
+        "--reduce-lr-on-plateau",
+        type=int,
+        metavar="PATIENCE",
+        help="divide the learning rate by 10 after PATIENCE epochs without progress",
+    )
+    sched.add_argument("--early-stopping", type=int, metavar="PATIENCE")
+    sched.add_argument(
+        "--flip", type=float, default=defaults.flip, help="online horizontal-flip probability"
+    )
+    sched.add_argument("--shuffle-buffer", type=int, default=defaults.shuffle_buffer)
+    sched.add_argument("--ignore-thresh", type=float, default=defaults.ignore_thresh)
+    sched.add_argument("--seed", type=int, default=defaults.seed)
+    dev = parser.add_argument_group("devices and distribution")
+    dev.add_argument("--gpus", type=int, help="GPUs to train on (0: CPU; default: all visible)")
+    dev.add_argument(
+        "--cpu-replicas",
+        type=int,
+        help="split the CPU into N logical devices and train on all of them "
+        "(the multi-GPU code path, without GPUs)",
+    )
+    dev.add_argument("--sync-bn", type=_on_off, help="on/off (default: on with >1 replica)")
+    dev.add_argument("--mixed-precision", choices=("off", "float16", "bfloat16"), default="off")
+    dev.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto")
+    dev.add_argument(
+        "--no-memory-growth",
+        action="store_true",
+        help="let TensorFlow take all GPU memory up front",
+    )
+    run = parser.add_argument_group("checkpoints and runs")
+    run.add_argument("--checkpoint-every", type=int, metavar="K", help="keep every K-th epoch")
+    run.add_argument(
+        "--backup-every",
+        type=int,
+        metavar="STEPS",
+        help="back up every STEPS steps (default: each epoch)",
+    )
+    run.add_argument("--resume", action="store_true", help="continue the run in --log-dir")
+    run.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="train on synthetic in-memory data: speed without input cost",
+    )
+    run.add_argument(
+        "--test-io",
+        type=float,
+        metavar="SECONDS",
+        help="only read the input pipeline for SECONDS and print images/s",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def config_from_args(args):
+    return training.TrainConfig(
+        records=args.records,
+        log_dir=args.log_dir,
+        val_records=args.val_records,
+        anchors=args.anchors,
+        model=args.model,
+        weights=args.weights,
+        freeze_body=args.freeze_body,
+        freeze_epochs=args.freeze_epochs,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        lr_reference_batch=args.lr_reference_batch,
+        lr_schedule=args.lr_schedule,
+        warmup_epochs=args.warmup_epochs,
+        optimizer=args.optimizer,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        mixed_precision=args.mixed_precision,
+        sync_bn=args.sync_bn,
+        seed=args.seed,
+        flip=args.flip,
+        shuffle_buffer=args.shuffle_buffer,
+        ignore_thresh=args.ignore_thresh,
+        steps_per_epoch=args.steps_per_epoch,
+        checkpoint_every=args.checkpoint_every,
+        backup_every=args.backup_every,
+        reduce_lr_patience=args.reduce_lr_on_plateau,
+        early_stopping_patience=args.early_stopping,
+        jit_compile=args.jit_compile,
+        gpus=args.gpus,
+        cpu_replicas=args.cpu_replicas,
+        memory_growth=not args.no_memory_growth,
+        resume=args.resume,
+        benchmark=args.benchmark,
+        verbose=0 if args.quiet else 1,
+    )
+
+
+def main(argv=None):
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        config = config_from_args(args)
+        training.configure(config)
+        if args.test_io:
+            return training.test_io(config, seconds=args.test_io)
+        result = training.run(config)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if result.stopped_reason:
+        print(f"error: {result.stopped_reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The training wrapper around ``yolo_body``: loss, learning-rate schedule and freezing.
+
+:class:`YoloTrainer` is a ``keras.Model`` that owns the bare detection network (the
+*template*, ``trainer.body``) and computes the YOLOv3 loss in ``compute_loss``, so that
+``model.fit`` with any ``tf.distribute`` strategy, callbacks and ``BackupAndRestore`` work
+unchanged. Checkpoints save ``trainer.body`` by layer name: they load into a ``yolo_body``
+built on one GPU or a CPU with no strategy.
+
+Loss reduction: :func:`yolo3.loss.yolo_loss` returns one value per image, ``(N, 1)``.
+Each replica differentiates ``sum(per_image) / global_batch`` (the local mean scaled by
+``1 / num_replicas``, Keras's own convention for distributed losses), so the summed
+gradients of the replicas equal the gradient of the mean over the global batch.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from yolo3.loss import LOSS_TERMS, yolo_loss
+from yolo3.model import head_layer_names
+from yolo3.resources import default_anchor_masks
+
+# Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
+# YOLOv3 (as the original's first 185 Keras layers), the first five conv+pool stages for
+# tiny (the original's first 20 layers).
+BACKBONE_CONVS = {"yolov3": 52, "tiny": 5}
+OPTIMIZERS = ("adam", "sgd")
+# A train-step log: seconds between the step's request and its batch's arrival.
+INPUT_WAIT_KEY = "input_wait"
+
+
+@keras.saving.register_keras_serializable(package="yolo3")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to ``peak``, then constant or cosine decay to ``final_fraction * peak``.
+
+    ``scale`` is an optional scalar variable multiplied in (1.0 unless a plateau callback
+    lowers it); it lives in the trainer so that checkpoints and backups restore it.
+    """
+
+    def __init__(
+        self, peak, warmup_steps, total_steps, kind="cosine", final_fraction=0.01, scale=None
+    ):
+        if kind not in ("cosine", "constant"):
+            raise ValueError(f"learning-rate schedule {kind!r}: use cosine or constant")
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = max(int(total_steps), 1)
+        self.kind = kind
+        self.final_fraction = float(final_fraction)
+        self.scale = scale
+
+    def value(self, step):
+        """The learning rate at ``step`` (a Python number or a tensor)."""
+        step = ops.cast(step, "float32")
+        warmup = ops.minimum(1.0, (step + 1.0) / max(self.warmup_steps, 1))
+        rate = self.peak * warmup
+        if self.kind == "cosine":
+            decay_steps = max(self.total_steps - self.warmup_steps, 1)
+            progress = ops.clip((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
+            cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+            rate = rate * (self.final_fraction + (1.0 - self.final_fraction) * cosine)
+        return rate
+
+    def __call__(self, step):
+        rate = self.value(step)
+        return rate if self.scale is None else rate * ops.cast(self.scale, "float32")
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "kind": self.kind,
+            "final_fraction": self.final_fraction,
+        }
+
+
+def make_optimizer(name, learning_rate, *, momentum=0.9):
+    """Adam (as the original keras-yolo3) or SGD with Nesterov-free momentum (as Darknet)."""
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=momentum)
+    raise ValueError(f"--optimizer {name!r}: use one of {OPTIMIZERS}")
+
+
+def scaled_learning_rate(base_lr, global_batch, reference_batch=64):
+    """The linear scaling rule: ``base_lr`` is for ``reference_batch`` images per step."""
+    return base_lr * global_batch / reference_batch
+
+
+def frozen_layer_names(body, model_type, freeze_body):
+    """Names of the layers ``--freeze-body`` freezes in stage one.
+
+    0: none. 1: the feature extractor (``BACKBONE_CONVS``). 2: everything except the
+    output convolutions (the heads), as the original's ``freeze_body=2``.
+    """
+    if freeze_body == 0:
+        return []
+    if freeze_body not in (1, 2):
+        raise ValueError(f"--freeze-body {freeze_body}: use 0, 1 or 2")
+    convs = sorted(
+        int(layer.name.split("_")[1]) for layer in body.layers if layer.name.startswith("conv_")
+    )
+    heads = {int(name.split("_")[1]) for name in head_layer_names(model_type)}
+    if freeze_body == 1:
+        frozen = [index for index in convs if index < BACKBONE_CONVS[model_type]]
+    else:
+        frozen = [index for index in convs if index not in heads]
+    names = set()
+    for index in frozen:
+        names.update({f"conv_{index}", f"bn_{index}"})
+    return sorted(name for name in names if _has_layer(body, name))
+
+
+def _has_layer(model, name):
+    try:
+        model.get_layer(name)
+    except ValueError:
+        return False
+    return True
+
+
+def set_frozen(body, names, frozen):
+    """Sets ``trainable = not frozen`` on the named layers (frozen BN runs in inference mode)."""
+    for name in names:
+        body.get_layer(name).trainable = not frozen
+
+
+class YoloTrainer(keras.Model):
+    """``model.fit``-able wrapper: ``call`` runs the body, ``compute_loss`` the YOLOv3 loss.
+
+    Args:
+        body: the bare detection model (``yolo_body`` or ``tiny_yolo_body``).
+        anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
+        num_classes: number of classes.
+        anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+        ignore_thresh: IoU above which a background prediction is not penalised.
+
+    Data: ``x`` is ``(N, H, W, 3)`` float32 in [0, 1]; ``y`` the per-level targets of
+    :func:`yolo3.targets.build_targets`. Logged metrics: ``loss`` (with regularisation)
+    and ``xy_loss``, ``wh_loss``, ``objectness_loss``, ``class_loss`` (per-image means).
+    """
+
+    def __init__(
+        self, body, *, anchors, num_classes, anchor_masks=None, ignore_thresh=0.5, **kwargs
+    ):
+        super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
+        self.body = body
+        self.anchors = np.asarray(anchors, np.float32)
+        self.num_classes = int(num_classes)
+        self.anchor_masks = tuple(
+            tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
+        )
+        self.ignore_thresh = float(ignore_thresh)
+        self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
+        # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
+        self.lr_scale = self.add_weight(
+            shape=(), initializer="ones", trainable=False, name="lr_scale"
+        )
+
+    def attach_input_clock(self, clock):
+        """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
+
+        A callback sets it to ``time.time()`` before each step; the step logs
+        ``INPUT_WAIT_KEY``, the seconds until its batch had arrived.
+        """
+        self._input_clock = clock
+        self.train_function = None
+
+    def train_step(self, data):
+        clock = getattr(self, "_input_clock", None)
+        if clock is None:
+            return super().train_step(data)
+        with tf.control_dependencies(tf.nest.flatten(data)):
+            arrived = tf.timestamp()
+        # Nothing of the step may start before the arrival time is taken.
+        with tf.control_dependencies([arrived]):
+            data = tf.nest.map_structure(tf.identity, data)
+        logs = super().train_step(data)
+        logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
+        return logs
+
+    def call(self, images, training=False):
+        return self.body(images, training=training)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        del x, sample_weight, training
+        outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
+        total, terms = yolo_loss(
+            tuple(y),
+            outputs,
+            anchors=self.anchors,
+            num_classes=self.num_classes,
+            ignore_thresh=self.ignore_thresh,
+            anchor_masks=self.anchor_masks,
+        )
+        for tracker, term in zip(self.term_trackers, LOSS_TERMS):
+            tracker.update_state(terms[term])
+        loss = ops.mean(total)
+        if self.losses:  # weight decay; every replica adds it, hence the same scaling
+            loss = loss + ops.sum([ops.cast(reg, "float32") for reg in self.losses])
+        # The local mean over 1 / replicas: summed over replicas, the global-batch mean.
+        # Keras unscales it for the logged loss.
+        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+
+    @property
+    def metrics(self):
+        tracked = [m for m in super().metrics if all(m is not t for t in self.term_trackers)]
+        return tracked + list(self.term_trackers)

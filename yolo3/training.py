@@ -1,0 +1,463 @@
+"""The training job behind ``train.py``: configuration, strategy, data, model, callbacks, fit.
+
+One code path for every layout: a CPU, one GPU, ``--gpus N`` (MirroredStrategy),
+``--cpu-replicas N`` (the same multi-device path on logical CPUs) and several machines
+(MultiWorkerMirroredStrategy from ``TF_CONFIG`` or Slurm). Only the strategy differs.
+
+Folder layout under ``--log-dir``::
+
+    config.json                the resolved configuration (written by the chief)
+    checkpoints/               template weights (last, best, every k) and the full state
+    backup/worker-N/           per-worker BackupAndRestore, deleted when training ends
+    tensorboard/               loss terms, learning rate, images/s (chief only)
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import callbacks as yolo_callbacks
+from yolo3 import data as yolo_data
+from yolo3 import distribute, records
+from yolo3.model import MODEL_TYPES, build_model
+from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
+from yolo3.trainer import (
+    OPTIMIZERS,
+    WarmupSchedule,
+    YoloTrainer,
+    frozen_layer_names,
+    make_optimizer,
+    scaled_learning_rate,
+)
+from yolo3.weights import load_weights
+
+PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
+
+    records: str
+    log_dir: str
+    val_records: str | None = None
+    anchors: str = "model_data/tiny_yolo_anchors.txt"
+    model: str | None = None  # from the anchor count when None
+    weights: str | None = None
+    freeze_body: int = 0
+    freeze_epochs: int = 0
+    epochs: int = 50
+    batch_size: int = 8  # per replica
+    lr: float = 1e-3  # for a global batch of lr_reference_batch
+    lr_reference_batch: int = 64
+    lr_schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    optimizer: str = "adam"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    mixed_precision: str = "off"
+    sync_bn: bool | None = None  # on with more than one replica when None
+    seed: int = 0
+    flip: float = 0.5
+    shuffle_buffer: int = 1024
+    ignore_thresh: float = 0.5
+    steps_per_epoch: int | None = None
+    checkpoint_every: int | None = None
+    backup_every: int | None = None  # steps; None backs up at epoch ends
+    reduce_lr_patience: int | None = None
+    early_stopping_patience: int | None = None
+    jit_compile: str = "auto"
+    gpus: int | None = None
+    cpu_replicas: int | None = None
+    memory_growth: bool = True
+    resume: bool = False
+    benchmark: bool = False  # synthetic in-memory data: the speed without input cost
+    verbose: int = 1
+
+    def __post_init__(self):
+        checks = [
+            (self.model is None or self.model in MODEL_TYPES, f"--model: one of {MODEL_TYPES}"),
+            (self.freeze_body in (0, 1, 2), "--freeze-body: 0, 1 or 2"),
+            (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
+            (self.epochs >= 1, "--epochs must be >= 1"),
+            (self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.lr > 0, "--lr must be > 0"),
+            (self.optimizer in OPTIMIZERS, f"--optimizer: one of {OPTIMIZERS}"),
+            (self.mixed_precision in PRECISIONS, f"--mixed-precision: one of {list(PRECISIONS)}"),
+            (self.lr_schedule in ("cosine", "constant"), "--lr-schedule: cosine or constant"),
+            (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            (self.jit_compile in ("auto", "on", "off"), "--jit-compile: auto, on or off"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.freeze_body and not self.freeze_epochs:
+            raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    history: dict
+    epochs_done: int
+    checkpoint_dir: str
+    global_batch_size: int
+    num_replicas: int
+    is_chief: bool
+    stopped_reason: str | None = None
+    throughput: list = dataclasses.field(default_factory=list)
+    trainer: object = None  # the YoloTrainer; trainer.body is the template model
+
+
+def configure(config):
+    """Device layout and precision; must run before TensorFlow initialises its devices."""
+    distribute.configure_devices(
+        gpus=config.gpus, cpu_replicas=config.cpu_replicas, memory_growth=config.memory_growth
+    )
+    policy = PRECISIONS[config.mixed_precision]
+    keras.mixed_precision.set_global_policy(policy or "float32")
+
+
+def _load_initial_weights(body, config, log):
+    if not config.weights:
+        return
+    report = load_weights(body, config.weights, skip_mismatch=True)
+    log(
+        f"weights {config.weights}: {len(report['loaded'])} layers loaded, "
+        f"{len(report['skipped'])} skipped, {len(report['missing'])} not in the file"
+    )
+    for name, reason in report["skipped"]:
+        log(f"  skipped {name}: {reason}")
+
+
+def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
+    input_hw = tuple(manifest["input_size"])
+
+    def train_fn(context):
+        if config.benchmark:
+            return yolo_data.synthetic_dataset(
+                batch_size=config.batch_size,
+                input_hw=input_hw,
+                anchors=anchors,
+                num_classes=num_classes,
+                anchor_masks=anchor_masks,
+                seed=config.seed + context.input_pipeline_id,
+            )
+        return yolo_data.make_dataset(
+            config.records,
+            "train",
+            batch_size=config.batch_size,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+            training=True,
+            seed=config.seed,
+            flip=config.flip,
+            shuffle_buffer=config.shuffle_buffer,
+            input_context=context,
+        )
+
+    val_dir, val_split = _validation_source(config, manifest)
+
+    def val_fn(context):
+        # Repeated, with a fixed step count: every worker must run the same number of
+        # steps, or the collective ops of a multi-worker job wait forever.
+        return yolo_data.make_dataset(
+            val_dir,
+            val_split,
+            batch_size=config.batch_size,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+            training=False,
+            repeat=True,
+            drop_remainder=True,
+            input_context=context,
+        )
+
+    train = strategy.distribute_datasets_from_function(train_fn)
+    val = strategy.distribute_datasets_from_function(val_fn) if val_dir else None
+    return train, val, val_dir, val_split
+
+
+def _validation_source(config, manifest):
+    if config.val_records:
+        return config.val_records, "val" if "val" in _splits(config.val_records) else "train"
+    if "val" in manifest["splits"]:
+        return config.records, "val"
+    return None, None
+
+
+def _splits(records_dir):
+    return records.read_manifest(records_dir)["splits"]
+
+
+def _check_fresh_log_dir(config, info, checkpoint_dir, backup_root):
+    """A new run refuses a log folder holding another run; ``--resume`` continues it."""
+    if config.resume:
+        return
+    has_backup = os.path.isdir(backup_root) and any(os.scandir(backup_root))
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is not None and not has_backup:
+        raise ValueError(
+            f"{config.log_dir} holds a finished or interrupted run (epoch "
+            f"{state[1].get('epoch')}); pass --resume to continue it, or choose another --log-dir"
+        )
+
+
+def run(config, *, log=print):
+    """Trains as ``config`` says. :func:`configure` must have run first.
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    started = time.perf_counter()
+    keras.utils.set_random_seed(config.seed)
+    strategy = distribute.make_strategy(gpus=config.gpus, cpu_replicas=config.cpu_replicas)
+    info = distribute.worker_info(strategy)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = config.batch_size * replicas
+    manifest = records.read_manifest(config.records)
+    classes = manifest["classes"]
+    num_classes = len(classes)
+    input_hw = tuple(manifest["input_size"])
+    anchors = read_anchors(config.anchors)
+    model_type = config.model or model_type_for_anchors(len(anchors))
+    if model_type != model_type_for_anchors(len(anchors)):
+        raise ValueError(
+            f"--model {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
+            f"{config.anchors} has {len(anchors)}"
+        )
+    anchor_masks = default_anchor_masks(len(anchors))
+    sync_bn = replicas > 1 if config.sync_bn is None else config.sync_bn
+
+    checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
+    backup_root = os.path.join(config.log_dir, "backup")
+    _check_fresh_log_dir(config, info, checkpoint_dir, backup_root)
+
+    train_records = records.read_manifest(config.records)["splits"]["train"]["records"]
+    steps = config.steps_per_epoch or max(1, train_records // global_batch)
+    total_steps = steps * config.epochs
+    peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
+    log(
+        f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
+        f"{replicas} replicas x {config.batch_size} = global batch {global_batch}; "
+        f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
+        f"sync BN {'on' if sync_bn else 'off'}; worker {info.worker_index + 1}/{info.num_workers}"
+    )
+
+    with strategy.scope():
+        body = build_model(
+            model_type,
+            num_classes,
+            input_size=input_hw,
+            weight_decay=config.weight_decay,
+            synchronized_bn=sync_bn,
+        )
+        _load_initial_weights(body, config, log)
+        trainer = YoloTrainer(
+            body,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+            ignore_thresh=config.ignore_thresh,
+        )
+        schedule = WarmupSchedule(
+            peak_lr,
+            warmup_steps=round(config.warmup_epochs * steps),
+            total_steps=total_steps,
+            kind=config.lr_schedule,
+            scale=trainer.lr_scale,
+        )
+        optimizer = make_optimizer(config.optimizer, schedule, momentum=config.momentum)
+        jit = {"auto": "auto", "on": True, "off": False}[config.jit_compile]
+        trainer.compile(optimizer=optimizer, jit_compile=jit)
+        trainer.build((None, *input_hw, 3))
+        # Built for every variable before any freezing, so unfreezing later and restoring
+        # a backup find the slots they expect.
+        trainer.optimizer.build(trainer.trainable_variables)
+
+    initial_epoch = 0
+    if config.resume:
+        initial_epoch = _restore_state(trainer, checkpoint_dir, log)
+
+    train_data, val_data, val_dir, val_split = _datasets(
+        config, strategy, manifest, anchors, anchor_masks, num_classes
+    )
+    val_steps = None
+    if val_data is not None:
+        val_records = records.read_manifest(val_dir)["splits"][val_split]["records"]
+        val_steps = max(1, val_records // global_batch)
+        if val_records < global_batch:
+            log(
+                f"validation: {val_records} images, under one global batch of {global_batch}; "
+                "each pass repeats some of them"
+            )
+        elif val_records % global_batch:
+            log(
+                f"validation: {val_steps * global_batch} of {val_records} images per pass "
+                f"(whole global batches of {global_batch})"
+            )
+
+    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+    trainer.attach_input_clock(clock)
+    metadata = {
+        "model_type": model_type,
+        "num_classes": num_classes,
+        "classes": classes,
+        "anchors": np.asarray(anchors).tolist(),
+        "input_size": list(input_hw),
+    }
+    throughput = yolo_callbacks.Throughput(global_batch, clock, log=log if info.is_chief else None)
+    nonfinite = yolo_callbacks.StopOnNonFinite()
+    callback_list = [
+        throughput,
+        yolo_callbacks.LearningRateLogger(),
+        nonfinite,
+        keras.callbacks.BackupAndRestore(
+            os.path.join(backup_root, f"worker-{info.worker_index}"),
+            save_freq=config.backup_every or "epoch",
+            delete_checkpoint=True,
+        ),
+        yolo_callbacks.TemplateCheckpoint(
+            checkpoint_dir,
+            body,
+            worker=info,
+            every=config.checkpoint_every,
+            monitor="val_loss" if val_data is not None else "loss",
+            metadata=metadata,
+        ),
+    ]
+    if config.freeze_body:
+        names = frozen_layer_names(body, model_type, config.freeze_body)
+        callback_list.insert(
+            0, yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log)
+        )
+    if config.reduce_lr_patience:
+        callback_list.append(
+            yolo_callbacks.PlateauScale(
+                trainer.lr_scale,
+                monitor="val_loss" if val_data is not None else "loss",
+                patience=config.reduce_lr_patience,
+                log=log,
+            )
+        )
+    if config.early_stopping_patience:
+        callback_list.append(
+            keras.callbacks.EarlyStopping(
+                monitor="val_loss" if val_data is not None else "loss",
+                patience=config.early_stopping_patience,
+                verbose=1,
+            )
+        )
+    if info.is_chief:
+        os.makedirs(config.log_dir, exist_ok=True)
+        records.write_json(
+            os.path.join(config.log_dir, "config.json"),
+            {
+                **dataclasses.asdict(config),
+                "resolved": {
+                    "model": model_type,
+                    "classes": classes,
+                    "input_size": list(input_hw),
+                    "num_replicas": replicas,
+                    "num_workers": info.num_workers,
+                    "global_batch_size": global_batch,
+                    "peak_lr": peak_lr,
+                    "steps_per_epoch": steps,
+                    "sync_bn": sync_bn,
+                },
+            },
+        )
+        callback_list.insert(
+            3,
+            keras.callbacks.TensorBoard(
+                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
+            ),
+        )
+
+    history = trainer.fit(
+        train_data,
+        epochs=config.epochs,
+        initial_epoch=initial_epoch,
+        steps_per_epoch=steps,
+        validation_data=val_data,
+        validation_steps=val_steps,
+        callbacks=callback_list,
+        shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
+        verbose=config.verbose if info.is_chief else 0,
+    )
+    epochs_done = initial_epoch + len(history.epoch)
+    if history.epoch:
+        epochs_done = history.epoch[-1] + 1
+    log(f"trained to epoch {epochs_done} in {time.perf_counter() - started:.1f} s")
+    return TrainResult(
+        history=history.history,
+        epochs_done=epochs_done,
+        checkpoint_dir=checkpoint_dir,
+        global_batch_size=global_batch,
+        num_replicas=replicas,
+        is_chief=info.is_chief,
+        stopped_reason=nonfinite.message,
+        throughput=throughput.history,
+        trainer=trainer,
+    )
+
+
+def _restore_state(trainer, checkpoint_dir, log):
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is None:
+        raise FileNotFoundError(
+            f"--resume: no training state in {checkpoint_dir}; start without --resume"
+        )
+    path, metadata = state
+    trainer.load_weights(path)
+    epoch = int(metadata["epoch"])
+    step = int(trainer.optimizer.iterations)
+    log(f"resumed from {path}: {epoch} epochs done, optimizer step {step}")
+    return epoch
+
+
+def read_config(path):
+    """The TrainConfig saved in ``config.json`` (its ``resolved`` part dropped)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    data.pop("resolved", None)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in data.items() if k in fields})
+
+
+def is_finite_history(history):
+    return all(math.isfinite(v) for values in history.values() for v in values)
+
+
+def test_io(config, *, seconds, log=print):
+    """Reads the training pipeline alone for ``seconds`` and prints images/s (``--test-io``).
+
+    Compare with the images/s of ``--benchmark`` (training without input cost): when the
+    pipeline alone is not well above it, training is input-bound.
+    """
+    manifest = records.read_manifest(config.records)
+    anchors = read_anchors(config.anchors)
+    dataset = yolo_data.make_dataset(
+        config.records,
+        "train",
+        batch_size=config.batch_size,
+        anchors=anchors,
+        num_classes=len(manifest["classes"]),
+        training=True,
+        seed=config.seed,
+        flip=config.flip,
+        shuffle_buffer=config.shuffle_buffer,
+    )
+    figures = yolo_data.measure_throughput(dataset, seconds=seconds)
+    log(
+        f"input pipeline alone: {figures['images_per_second']:.1f} images/s "
+        f"({figures['batches']} batches of {config.batch_size} in {figures['seconds']:.1f} s)"
+    )
+    return 0
