@@ -2,6 +2,7 @@
 
 - :class:`TemplateCheckpoint`: the bare ``yolo_body`` weights (last, best, every k epochs)
   plus the full training state for ``--resume``; written by the chief worker only.
+- :class:`WorkerBackup`: per-worker backups; a killed job resumes when started again.
 - :class:`Throughput`: images/s and the time each step waited for input.
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
@@ -9,6 +10,7 @@
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 """
 
+from callbacks.backup import WorkerBackup
 from callbacks.checkpoint import TemplateCheckpoint, read_training_state
 from callbacks.monitor import LearningRateLogger, StopOnNonFinite, Throughput
 from callbacks.schedule import FreezeSchedule, PlateauScale
@@ -20,5 +22,6 @@ __all__ = [
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",
+    "WorkerBackup",
     "read_training_state",
 ]

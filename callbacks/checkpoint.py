@@ -94,6 +94,8 @@ class TemplateCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
+        if not math.isfinite(float((logs or {}).get("loss", 0.0))):
+            return  # weights after a non-finite loss are not worth keeping
         logs = _finite_logs(logs)
         metadata = {**self.metadata, "epoch": finished, "logs": logs}
         self._save_template(LAST, metadata)

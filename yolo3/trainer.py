@@ -22,6 +22,7 @@ from keras import ops
 from yolo3.loss import LOSS_TERMS, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.resources import default_anchor_masks
+from yolo3.targets import build_targets
 
 # Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
 # YOLOv3 (as the original's first 185 Keras layers), the first five conv+pool stages for
@@ -140,9 +141,11 @@ class YoloTrainer(keras.Model):
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
         ignore_thresh: IoU above which a background prediction is not penalised.
 
-    Data: ``x`` is ``(N, H, W, 3)`` float32 in [0, 1]; ``y`` the per-level targets of
-    :func:`yolo3.targets.build_targets`. Logged metrics: ``loss`` (with regularisation)
-    and ``xy_loss``, ``wh_loss``, ``objectness_loss``, ``class_loss`` (per-image means).
+    Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
+    per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
+    ``(N, max_boxes, 5)`` they are built from (then built here, on the accelerator).
+    Logged metrics: ``loss`` (with regularisation) and ``xy_loss``, ``wh_loss``,
+    ``objectness_loss``, ``class_loss`` (per-image means).
     """
 
     def __init__(
@@ -185,11 +188,22 @@ class YoloTrainer(keras.Model):
         return logs
 
     def call(self, images, training=False):
+        if keras.backend.standardize_dtype(images.dtype) == "uint8":
+            images = ops.cast(images, self.compute_dtype) / 255.0
         return self.body(images, training=training)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         del x, sample_weight, training
         outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
+        if not isinstance(y, (tuple, list)):  # padded boxes: targets are built here
+            input_hw = self.body.input_shape[1:3]
+            y = build_targets(
+                y,
+                input_hw=input_hw,
+                anchors=self.anchors,
+                num_classes=self.num_classes,
+                anchor_masks=self.anchor_masks,
+            )
         total, terms = yolo_loss(
             tuple(y),
             outputs,

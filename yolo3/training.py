@@ -160,6 +160,7 @@ def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
             flip=config.flip,
             shuffle_buffer=config.shuffle_buffer,
             input_context=context,
+            targets=False,  # built in the train step, on the accelerator
         )
 
     val_dir, val_split = _validation_source(config, manifest)
@@ -178,6 +179,7 @@ def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
             repeat=True,
             drop_remainder=True,
             input_context=context,
+            targets=False,
         )
 
     train = strategy.distribute_datasets_from_function(train_fn)
@@ -319,10 +321,10 @@ def run(config, *, log=print):
         throughput,
         yolo_callbacks.LearningRateLogger(),
         nonfinite,
-        keras.callbacks.BackupAndRestore(
+        yolo_callbacks.WorkerBackup(
             os.path.join(backup_root, f"worker-{info.worker_index}"),
-            save_freq=config.backup_every or "epoch",
-            delete_checkpoint=True,
+            every_steps=config.backup_every,
+            log=log,
         ),
         yolo_callbacks.TemplateCheckpoint(
             checkpoint_dir,
@@ -418,7 +420,7 @@ def _restore_state(trainer, checkpoint_dir, log):
     path, metadata = state
     trainer.load_weights(path)
     epoch = int(metadata["epoch"])
-    step = int(trainer.optimizer.iterations)
+    step = int(trainer.optimizer.iterations.value.numpy())
     log(f"resumed from {path}: {epoch} epochs done, optimizer step {step}")
     return epoch
 

@@ -1,0 +1,52 @@
+"""Runs the train.py job in its own process and dumps what the tests compare.
+
+    python tests/train_worker.py DUMP_DIR [--cpu-replicas N] -- <train.py flags>
+
+Writes ``DUMP_DIR/worker-<index>.npz`` (index from TF_CONFIG, 0 for a single process):
+every weight of the template model in layer order (``w0``, ``w1``, ...), its predictions
+on a fixed input (``p0``, ``p1``), the optimizer step and the epochs trained in this run.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+
+import numpy as np  # noqa: E402
+
+PROBE_SEED = 123
+
+
+def probe_images(size):
+    return np.random.default_rng(PROBE_SEED).uniform(0, 1, (2, size, size, 3)).astype(np.float32)
+
+
+def main():
+    dump_dir, rest = sys.argv[1], sys.argv[2:]
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    import train
+    from yolo3 import training
+
+    config = train.config_from_args(train.build_parser().parse_args(rest))
+    training.configure(config)
+    result = training.run(config)
+    body = result.trainer.body
+    size = body.input_shape[1]
+    outputs = body(probe_images(size))
+    index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(body.get_weights())}
+    arrays.update({f"p{i}": np.asarray(o) for i, o in enumerate(outputs)})
+    arrays["step"] = int(result.trainer.optimizer.iterations.value.numpy())
+    arrays["epochs_this_run"] = len(result.history.get("loss", []))
+    os.makedirs(dump_dir, exist_ok=True)
+    np.savez(os.path.join(dump_dir, f"worker-{index}.npz"), **arrays)
+    return 1 if result.stopped_reason else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
