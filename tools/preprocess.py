@@ -40,6 +40,13 @@ def _input_size(text):
     return tuple(sizes)
 
 
+def _available_cores():
+    # The cores this process may use (taskset, container cpusets), not all of the machine's.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         description="Pack annotated images into letterboxed and augmented TFRecord shards."
@@ -96,14 +103,14 @@ def build_parser():
     run.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count(),
+        default=_available_cores(),
         help="worker processes (default: all cores); the output does not depend on it",
     )
     run.add_argument("--strict", action="store_true", help="any rejected input is an error")
     run.add_argument(
         "--overwrite",
         action="store_true",
-        help="delete an existing output folder with other settings first",
+        help="delete the record set in --output (its files only) first, whatever its settings",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--verify", metavar="DIR", help="check a record set and exit")

@@ -11,8 +11,10 @@ order of records inside a shard depend only on the seed. The output is therefore
 byte for byte whatever the number of workers, and a run can be resumed shard by shard.
 
 Resumption: shards are written under a temporary name and renamed when complete; the
-shard's statistics follow in ``.progress/``. A second run with the same settings skips the
-finished shards, redoes the rest and writes ``manifest.json`` last.
+shard's statistics follow in ``.progress/``, with a digest of the annotations it was rendered
+from. A second run with the same settings skips the finished shards whose annotations did
+not change, redoes the rest and writes ``manifest.json`` last. Other settings are refused
+unless ``overwrite``, which deletes the record set's own files and nothing else.
 
 This module imports TensorFlow only inside :func:`run` (to write TFRecords), so the worker
 processes, which import it to find :func:`process_image`, start without it.
@@ -20,6 +22,7 @@ processes, which import it to find :func:`process_image`, start without it.
 
 import collections
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -160,11 +163,14 @@ def process_image(task):
         return [], [("missing_image", f"{where}: image {task.path} does not exist")], counts
     try:
         image, notes = _open_image(task.path)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        # Pillow's message for an unknown format names a memory address; keep logs stable.
-        detail = (
-            "not an image format Pillow reads" if isinstance(err, UnidentifiedImageError) else err
-        )
+    except Exception as err:  # noqa: BLE001 - one bad file must not stop the run; it is listed
+        # Pillow reports corrupt data as OSError, SyntaxError, ValueError, struct.error,
+        # DecompressionBombError...; its message for an unknown format names a memory
+        # address, so that one is replaced to keep the rejects file stable.
+        if isinstance(err, UnidentifiedImageError):
+            detail = "not an image format Pillow reads"
+        else:
+            detail = f"{type(err).__name__}: {err}"
         message = f"{where}: cannot decode image {task.path} ({detail}); the image is skipped"
         return [], [("unreadable_image", message)], counts
     counts.update(notes)
@@ -317,12 +323,29 @@ def _progress_path(config, *parts):
     return fileio.join(config.output, PROGRESS_DIR, *parts)
 
 
+# The files of a record set, as globs in its folder: --overwrite deletes these and nothing
+# else, so pointing --output at a folder that holds other files does not lose them.
+_OUTPUT_FILES = ("train-*-of-*.tfrecord*", "val-*-of-*.tfrecord*", "manifest.json", "rejects.txt*")
+# What a killed run can leave behind: a shard being written (``.incomplete``) and files being
+# replaced (``.tmp-*.json`` locally, ``*.tmp`` on remote filesystems).
+_LEFTOVERS = ("*.tfrecord.incomplete", "*.json.tmp", "rejects.txt.tmp", ".tmp-*.json")
+
+
+def _remove(directory, patterns, keep=()):
+    for pattern in patterns:
+        for path in fileio.glob(fileio.join(directory, pattern)):
+            if os.path.basename(path) not in keep:
+                fileio.remove(path)
+
+
 def _prepare_output(config, overwrite):
     """Creates the output folder, refusing to mix runs with different settings."""
     plan_file = _progress_path(config, "config.json")
     fingerprint = config.fingerprint()
+    if overwrite and fileio.exists(_progress_path(config)):
+        fileio.rmtree(_progress_path(config))
     if overwrite and fileio.exists(config.output):
-        fileio.rmtree(config.output)
+        _remove(config.output, _OUTPUT_FILES)
     fileio.makedirs(_progress_path(config))
     if fileio.exists(plan_file):
         with fileio.open_file(plan_file, "r") as f:
@@ -337,16 +360,31 @@ def _prepare_output(config, overwrite):
         from yolo3.records import write_json  # noqa: PLC0415 - TensorFlow: parent only
 
         write_json(plan_file, fingerprint)
-    for leftover in fileio.glob(fileio.join(config.output, "*.incomplete")):
-        fileio.remove(leftover)  # a shard a killed run was writing; it will be redone
+    _remove(config.output, _LEFTOVERS)
+    _remove(_progress_path(config), _LEFTOVERS)
 
 
-def _finished_shard(config, name):
-    stats = _progress_path(config, name + ".json")
-    if fileio.exists(stats) and fileio.exists(fileio.join(config.output, name)):
-        with fileio.open_file(stats, "r") as f:
-            return json.load(f)
-    return None
+def _inputs_digest(items):
+    """A digest of the annotations a shard is rendered from.
+
+    Stored with the shard's statistics so that a resumed run whose annotation files were
+    edited renders the affected shards again instead of reusing stale ones.
+    """
+    digest = hashlib.sha256()
+    for ordinal, entry in items:
+        fields = [ordinal, entry.path, entry.boxes.tolist(), entry.classes.tolist()]
+        digest.update(json.dumps([*fields, entry.source, entry.line]).encode())
+    return digest.hexdigest()
+
+
+def _finished_shard(config, name, items):
+    """The statistics of a complete shard rendered from ``items``, else None."""
+    stats_path = _progress_path(config, name + ".json")
+    if not (fileio.exists(stats_path) and fileio.exists(fileio.join(config.output, name))):
+        return None
+    with fileio.open_file(stats_path, "r") as f:
+        stats = json.load(f)
+    return stats if stats.get("inputs") == _inputs_digest(items) else None
 
 
 class _Renderer:
@@ -392,11 +430,17 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress=True, l
         raise ValueError(f"no usable images in {', '.join(config.annotations)}")
     _prepare_output(config, overwrite)
     plan = _shard_plan(dataset, config)
+    # Shards of an earlier run over other annotations (another count) are not part of this set.
+    names = {records.shard_name(split, index, count) for split, index, count, _ in plan}
+    _remove(config.output, _OUTPUT_FILES[:2], keep=names)
+    _remove(_progress_path(config), ("*-of-*.tfrecord.json",), keep={n + ".json" for n in names})
     pending = []
     for split, index, count, items in plan:
-        name = records.shard_name(split, index, count)
-        if _finished_shard(config, name) is None:
+        if _finished_shard(config, records.shard_name(split, index, count), items) is None:
             pending.append((split, index, count, items))
+    manifest_path = fileio.join(config.output, records.MANIFEST)
+    if pending and fileio.exists(manifest_path):
+        fileio.remove(manifest_path)  # shards are about to change: the set is not complete
     total_images = sum(len(items) for *_, items in plan)
     todo = sum(len(items) for *_, items in pending)
     log(
@@ -431,7 +475,12 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress=True, l
             entry["images"] = shard_counts["images_written"]
             entry["boxes"] = int(sum(len(r["classes"]) for r in shard_records))
             entry["max_boxes"] = max((len(r["classes"]) for r in shard_records), default=0)
-            stats = {"entry": entry, "counts": dict(shard_counts), "rejects": shard_rejects}
+            stats = {
+                "entry": entry,
+                "counts": dict(shard_counts),
+                "rejects": shard_rejects,
+                "inputs": _inputs_digest(items),
+            }
             records.write_json(_progress_path(config, name + ".json"), stats)
     elapsed = time.perf_counter() - started
     if todo:
@@ -448,16 +497,18 @@ def _describe_rejects(rejects, limit=10):
 def _write_manifest(config, dataset, plan, records):
     splits, counts = {}, collections.Counter(dataset.counts)
     rejects = list(dataset.rejects)
-    for split, index, count, _ in plan:
-        stats = _finished_shard(config, records.shard_name(split, index, count))
+    for split, index, count, items in plan:
+        stats = _finished_shard(config, records.shard_name(split, index, count), items)
         splits.setdefault(split, []).append(stats["entry"])
         counts.update(stats["counts"])
         rejects.extend(tuple(r) for r in stats["rejects"])
     reject_counts = collections.Counter(reason for _, _, reason, _ in rejects)
     rejects_path = fileio.join(config.output, records.REJECTS)
+    text = "".join(
+        f"{source}:{line}\t{reason}\t{message}\n" for source, line, reason, message in rejects
+    )
     with fileio.open_file(rejects_path + ".tmp", "w") as f:
-        for source, line, reason, message in rejects:
-            f.write(f"{source}:{line}\t{reason}\t{message}\n")
+        f.write(text)  # even when empty: tf.io.gfile creates a file only on its first write
     fileio.rename(rejects_path + ".tmp", rejects_path)
     manifest = records.make_manifest(
         classes=dataset.classes,
@@ -472,6 +523,12 @@ def _write_manifest(config, dataset, plan, records):
         source_images={split: len(entries) for split, entries in dataset.splits.items()},
         counts=dict(sorted(counts.items())),
         rejects=dict(sorted(reject_counts.items())),
+        validation={
+            "annotations": list(config.val_annotations),
+            "fraction": config.val_fraction,
+            "per_class": config.val_per_class,
+        },
+        min_images_per_class=config.min_images_per_class,
         hygiene=dataset.hygiene,
         max_boxes_per_image=max(
             (shard["max_boxes"] for shards in splits.values() for shard in shards), default=0

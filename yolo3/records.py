@@ -84,7 +84,10 @@ def serialize_example(record):
         "line": _ints([record["line"]]),
         "copy": _ints([record["copy"]]),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    # Protobuf writes map entries (the features) in an order that may change from one
+    # process to the next; sorted keys keep shards byte-identical across runs and resumes.
+    return example.SerializeToString(deterministic=True)
 
 
 def parse_example(serialized, image_format):
