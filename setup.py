@@ -17,6 +17,7 @@ setup(
         "numpy>=1.26",
         "pillow>=10",
         "h5py>=3.10",
+        "pycocotools>=2.0",
         "tqdm>=4.60",
         # tf.summary writes TensorBoard logs only with it installed (TF 2.21 no longer pulls it in).
         "tensorboard>=2.21,<2.22",

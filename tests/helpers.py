@@ -121,3 +121,15 @@ def numpy_loss(targets, outputs, anchors, num_classes, anchor_masks, ignore_thre
                         terms["objectness"][image] += _bce(0, r[4])
     total = sum(terms.values())
     return total, terms
+
+
+def load_tool(name):
+    """Imports ``tools/<name>.py`` as a module (the tools folder is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,203 @@
+"""Measure a model's mAP (VOC and COCO) on a record set or an annotation file.
+
+    python tools/evaluate.py --weights logs/run/checkpoints/best.weights.h5 --records rec
+    python tools/evaluate.py --weights yolov3.weights.h5 --annotations val.txt \\
+        --classes model_data/coco_classes.txt --anchors model_data/yolo_anchors.txt
+    CUDA_VISIBLE_DEVICES=3 python tools/evaluate.py --watch logs/run
+
+Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
+curve per class (``pr/``) and ``gallery.png`` (true boxes dashed green, detections in
+class colours) to ``--output``.
+
+``--watch LOG_DIR`` follows a training run: each time ``checkpoints/last.weights.h5``
+holds a new epoch it is evaluated on the run's validation records, the figures go to
+TensorBoard under ``LOG_DIR/eval``, the best weights by mAP are kept as
+``checkpoints/best_map.weights.h5``, and the watcher stops after the run's last epoch.
+Run it as a separate process on a device of its own (``CUDA_VISIBLE_DEVICES``).
+
+Exit status: 0 on success, 2 on bad usage or input.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from yolo3 import validate  # noqa: E402
+from yolo3.model import build_model  # noqa: E402
+from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
+from yolo3.weights import atomic_write, load_weights, read_metadata  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--weights", help="weights to evaluate (.weights.h5)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--records", help="record set; its --split is evaluated")
+    source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
+    parser.add_argument("--split", default="val", help="record-set split (default: val)")
+    parser.add_argument("--classes", help="classes file (annotation files; record sets have it)")
+    parser.add_argument("--anchors", help="anchors file (default: from the weights' metadata)")
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        default=416,
+        help="network input for annotation files (record sets have theirs)",
+    )
+    parser.add_argument("--image-root", help="folder relative image paths start from")
+    parser.add_argument("--output", help="report folder (default: beside the weights)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--limit", type=int, help="evaluate only the first N images")
+    parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
+    parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
+    parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
+    parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=3600.0,
+        help="--watch: give up after this long without a new checkpoint",
+    )
+    return parser
+
+
+def _anchors_for(args, metadata):
+    if args.anchors:
+        return read_anchors(args.anchors)
+    if metadata.get("anchors"):
+        return metadata["anchors"]
+    raise ValueError(f"{args.weights} records no anchors: pass --anchors")
+
+
+def _model_for(weights, anchors, num_classes, input_size):
+    import numpy as np  # noqa: PLC0415
+
+    model = build_model(model_type_for_anchors(len(anchors)), num_classes, input_size=input_size)
+    load_weights(model, weights)
+    return model, np.asarray(anchors, np.float32)
+
+
+def evaluate_once(args, weights, source, class_names, anchors, output, log=print):
+    is_records = args.annotations is None
+    input_size = None if is_records else args.input_size
+    if is_records:
+        input_size = tuple(validate.records.read_manifest(source)["input_size"])
+    model, anchors = _model_for(weights, anchors, len(class_names), input_size)
+    evaluation = validate.evaluate_model(
+        model,
+        source,
+        anchors=anchors,
+        class_names=class_names,
+        split=args.split,
+        batch_size=args.batch_size,
+        coco=not args.no_coco,
+        gallery_size=args.gallery,
+        limit=args.limit,
+        image_root=args.image_root,
+    )
+    table = validate.write_report(evaluation, output, gallery=args.gallery > 0)
+    log(table)
+    if evaluation.coco:
+        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+        log("COCO " + "  ".join(f"{n} {_figure(evaluation.coco.get(n))}" for n in names))
+    for message in evaluation.skipped:
+        log(f"skipped: {message}")
+    log(f"{evaluation.num_images} images; report in {output}")
+    return evaluation
+
+
+def _figure(value):
+    return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN: no such boxes
+
+
+def single(args):
+    if not args.weights or not (args.records or args.annotations):
+        raise ValueError("give --weights and --records or --annotations (or --watch LOG_DIR)")
+    metadata = read_metadata(args.weights) or {}
+    source = args.records or args.annotations
+    class_names = validate.source_classes(source, args.classes)
+    anchors = _anchors_for(args, metadata)
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    evaluate_once(args, args.weights, source, class_names, anchors, output)
+    return 0
+
+
+def watch(args, log=print):
+    """Evaluates every new epoch of a run until its last one (see the module docstring)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from yolo3.training import read_config  # noqa: PLC0415
+
+    log_dir = args.watch
+    config = read_config(os.path.join(log_dir, "config.json"))
+    checkpoint = os.path.join(log_dir, "checkpoints", "last.weights.h5")
+    source = config.val_records or config.records
+    args.records, args.annotations = source, None
+    class_names = validate.source_classes(source)
+    anchors = read_anchors(config.anchors)
+    writer = tf.summary.create_file_writer(os.path.join(log_dir, "eval"))
+    best, last_epoch, last_change = -1.0, 0, time.monotonic()
+    while True:
+        epoch = _checkpoint_epoch(checkpoint)
+        if epoch > last_epoch:
+            # Copy first: training may replace the file while it is being read.
+            snapshot = os.path.join(log_dir, "eval", f"epoch-{epoch:04d}.weights.h5")
+            os.makedirs(os.path.dirname(snapshot), exist_ok=True)
+            with atomic_write(snapshot) as temp:
+                shutil.copyfile(checkpoint, temp)
+            epoch = read_metadata(snapshot)["epoch"]
+            output = os.path.join(log_dir, "eval", f"epoch-{epoch:04d}")
+            log(f"epoch {epoch}: evaluating {snapshot}")
+            evaluation = evaluate_once(args, snapshot, source, class_names, anchors, output, log)
+            with writer.as_default(step=epoch):
+                for name, value in evaluation.summary().items():
+                    tf.summary.scalar(name, value)
+            writer.flush()
+            if evaluation.map50 > best:
+                best = evaluation.map50
+                best_path = os.path.join(log_dir, "checkpoints", "best_map.weights.h5")
+                with atomic_write(best_path) as temp:
+                    shutil.copyfile(snapshot, temp)
+                log(f"epoch {epoch}: best mAP@0.5 so far, {best:.4f} -> {best_path}")
+            os.remove(snapshot)
+            last_epoch, last_change = epoch, time.monotonic()
+            if epoch >= config.epochs:
+                log(f"the run's last epoch ({config.epochs}) is evaluated; best mAP {best:.4f}")
+                return 0
+        elif time.monotonic() - last_change > args.idle_timeout:
+            log(f"no new checkpoint in {args.idle_timeout:g} s; stopping at epoch {last_epoch}")
+            return 0
+        time.sleep(args.poll)
+
+
+def _checkpoint_epoch(path):
+    if not os.path.exists(path):
+        return 0
+    try:
+        return int(read_metadata(path).get("epoch", 0))
+    except OSError:  # replaced while being opened; look again next time
+        return 0
+
+
+def main(argv=None):
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        return watch(args) if args.watch else single(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

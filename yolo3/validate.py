@@ -1,0 +1,233 @@
+"""Scoring a trained model on a validation set: detections, VOC and COCO mAP, pictures.
+
+Sources of ground truth:
+
+- a record set (``tools/preprocess.py`` output): its validation split, already letterboxed
+  to the training size; boxes and detections are in that frame;
+- an annotation file (keras-yolo3 lines): the original images at their own sizes; the
+  detector letterboxes them and maps its boxes back to original pixels.
+
+:func:`evaluate_model` runs the detector and scores it; :func:`write_report` writes the
+per-class table, a JSON summary, one precision-recall curve per class and a gallery.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from yolo3 import annotations as annotations_io
+from yolo3 import evaluate, fileio, plots, records
+from yolo3.detect import Detector
+from yolo3.image import load_rgb
+from yolo3.weights import atomic_write
+
+# Detections kept per image and the lowest score considered: mAP integrates precision over
+# all recall levels, so low-scoring detections count (COCO and VOC practice).
+MAP_SCORE_THRESHOLD = 0.01
+MAP_MAX_DETECTIONS = 100
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """What :func:`evaluate_model` measured."""
+
+    voc: evaluate.VocResult  # all-point AP at IoU 0.5
+    voc07: evaluate.VocResult  # VOC2007 11-point AP at IoU 0.5
+    coco: dict | None  # pycocotools metrics, or None when not asked for
+    num_images: int
+    class_names: list
+    gallery: list = dataclasses.field(default_factory=list)  # (image, truth, detection)
+    skipped: list = dataclasses.field(default_factory=list)  # messages of unusable inputs
+
+    @property
+    def map50(self):
+        return self.voc.mean_ap
+
+    def summary(self):
+        """The headline numbers as a flat dict (for logs and TensorBoard)."""
+        figures = {"mAP50": self.voc.mean_ap, "mAP50_voc07": self.voc07.mean_ap}
+        for name, value in (self.coco or {}).items():
+            if isinstance(value, float):
+                figures[f"coco_{name}"] = value
+        return figures
+
+
+def iterate_records(records_dir, split="val"):
+    """Yields ``(image, truth)`` from a record set: uint8 arrays and boxes in their frame."""
+    import tensorflow as tf  # noqa: PLC0415 - only record sets need it
+
+    manifest = records.read_manifest(records_dir)
+    for path in records.shard_paths(records_dir, manifest, split):
+        for serialized in tf.data.TFRecordDataset(path):
+            record = records.parse_example_numpy(serialized.numpy())
+            image = record["image"]
+            yield (
+                image,
+                {
+                    "boxes": record["boxes"],
+                    "classes": record["classes"],
+                    "image_hw": image.shape[:2],
+                },
+            )
+
+
+def iterate_annotations(path, num_classes, image_root=None, skipped=None):
+    """Yields ``(image, truth)`` from an annotation file, boxes in original pixels.
+
+    Lines the parser rejects and images that cannot be read are left out; their messages
+    are appended to ``skipped`` when a list is given.
+    """
+    entries, rejects, _ = annotations_io.parse_annotations(
+        path, num_classes=num_classes, image_root=image_root
+    )
+    if skipped is not None:
+        skipped.extend(reject.message for reject in rejects if reject.scope == "line")
+    for entry in entries:
+        try:
+            image = load_rgb(entry.path)
+        except (FileNotFoundError, ValueError) as err:
+            if skipped is not None:
+                skipped.append(f"{entry.source}:{entry.line}: {err}")
+            continue
+        yield (
+            image,
+            {
+                "boxes": entry.boxes,
+                "classes": entry.classes,
+                "image_hw": image.shape[:2],
+            },
+        )
+
+
+def source_classes(source, classes_path=None):
+    """Class names of a record set (its manifest) or of a classes file."""
+    if fileio.exists(fileio.join(source, records.MANIFEST)):
+        return list(records.read_manifest(source)["classes"])
+    if classes_path is None:
+        raise ValueError(f"{source} is an annotation file: give the classes file (--classes)")
+    from yolo3.resources import read_classes  # noqa: PLC0415
+
+    return read_classes(classes_path)
+
+
+def evaluate_model(
+    model,
+    source,
+    *,
+    anchors,
+    class_names,
+    split="val",
+    batch_size=16,
+    coco=True,
+    gallery_size=16,
+    limit=None,
+    image_root=None,
+    progress=None,
+):
+    """Detects on every image of ``source`` and scores the detections.
+
+    Args:
+        model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
+        source: a record-set folder or an annotation file.
+        anchors: ``(num_anchors, 2)`` in input pixels.
+        class_names: names, index = class id.
+        split: which split of a record set.
+        coco: also compute COCO metrics with pycocotools.
+        gallery_size: images (with truth and detections) kept for :func:`write_report`.
+        limit: evaluate only the first ``limit`` images.
+        progress: a callable given the number of images done after each batch.
+    """
+    skipped = []
+    if fileio.exists(fileio.join(source, records.MANIFEST)):
+        input_hw = tuple(records.read_manifest(source)["input_size"])
+        pairs = iterate_records(source, split)
+    else:
+        input_hw = None
+        pairs = iterate_annotations(source, len(class_names), image_root, skipped)
+    detector = Detector.from_model(
+        model,
+        anchors,
+        class_names,
+        input_size=input_hw,
+        score_threshold=MAP_SCORE_THRESHOLD,
+        max_detections=MAP_MAX_DETECTIONS,
+    )
+    truths, detections, gallery, batch = [], [], [], []
+
+    def flush():
+        found = detector.detect([image for image, _ in batch])
+        for (image, truth), detection in zip(batch, found):
+            truths.append(truth)
+            detections.append(detection)
+            if len(gallery) < gallery_size:
+                gallery.append((image, truth, detection))
+        batch.clear()
+        if progress:
+            progress(len(truths))
+
+    for index, pair in enumerate(pairs):
+        if limit is not None and index >= limit:
+            break
+        batch.append(pair)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    if not truths:
+        raise ValueError(f"{source} ({split}) has no images to evaluate")
+    num_classes = len(class_names)
+    voc = evaluate.evaluate_voc(truths, detections, num_classes=num_classes)
+    voc07 = evaluate.evaluate_voc(truths, detections, num_classes=num_classes, use_11_point=True)
+    coco_metrics = None
+    if coco:
+        coco_metrics = evaluate.evaluate_coco(
+            truths, detections, num_classes=num_classes, class_names=class_names
+        )
+    return Evaluation(voc, voc07, coco_metrics, len(truths), list(class_names), gallery, skipped)
+
+
+def write_report(evaluation, output_dir, *, curves=True, gallery=True):
+    """Writes ``metrics.json``, ``table.txt``, ``pr/<class>.png`` and ``gallery.png``.
+
+    Returns:
+        The per-class table as text.
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    names = evaluation.class_names
+    table = evaluate.format_table(evaluation.voc, names)
+    summary = evaluate.result_to_json(evaluation.voc, names, coco_metrics=evaluation.coco)
+    summary["mAP50_voc07"] = evaluation.voc07.mean_ap
+    summary["num_images"] = evaluation.num_images
+    summary["skipped"] = list(evaluation.skipped)
+    records.write_json(os.path.join(output_dir, "metrics.json"), _json_safe(summary))
+    with atomic_write(os.path.join(output_dir, "table.txt")) as temp:
+        with open(temp, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    if curves:
+        curve_dir = os.path.join(output_dir, "pr")
+        os.makedirs(curve_dir, exist_ok=True)
+        for class_id, name in enumerate(names):
+            ap = evaluation.voc.ap[class_id]
+            if not np.isfinite(ap):
+                continue
+            plots.plot_pr_curve(
+                evaluation.voc.recall[class_id],
+                evaluation.voc.precision[class_id],
+                ap,
+                name,
+                os.path.join(curve_dir, f"{class_id:03d}-{_file_safe(name)}.png"),
+            )
+    if gallery and evaluation.gallery:
+        images, truths, found = zip(*evaluation.gallery)
+        plots.draw_gallery(images, truths, found, names, os.path.join(output_dir, "gallery.png"))
+    return table
+
+
+def _file_safe(name):
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def _json_safe(value):
+    return json.loads(json.dumps(value, default=float).replace("NaN", "null"))
