@@ -113,6 +113,12 @@ def build_parser():
         metavar="STEPS",
         help="back up every STEPS steps (default: each epoch)",
     )
+    run.add_argument(
+        "--map-every",
+        type=int,
+        metavar="K",
+        help="evaluate mAP@0.5 on the validation split every K epochs (chief)",
+    )
     run.add_argument("--resume", action="store_true", help="continue the run in --log-dir")
     run.add_argument(
         "--benchmark",
@@ -156,6 +162,7 @@ def config_from_args(args):
         ignore_thresh=args.ignore_thresh,
         steps_per_epoch=args.steps_per_epoch,
         checkpoint_every=args.checkpoint_every,
+        map_every=args.map_every,
         backup_every=args.backup_every,
         reduce_lr_patience=args.reduce_lr_on_plateau,
         early_stopping_patience=args.early_stopping,

@@ -7,17 +7,20 @@
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
+- :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 """
 
 from callbacks.backup import WorkerBackup
 from callbacks.checkpoint import TemplateCheckpoint, read_training_state
+from callbacks.evaluation import MapEvaluation
 from callbacks.monitor import LearningRateLogger, StopOnNonFinite, Throughput
 from callbacks.schedule import FreezeSchedule, PlateauScale
 
 __all__ = [
     "FreezeSchedule",
     "LearningRateLogger",
+    "MapEvaluation",
     "PlateauScale",
     "StopOnNonFinite",
     "TemplateCheckpoint",

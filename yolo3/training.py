@@ -69,6 +69,7 @@ class TrainConfig:
     ignore_thresh: float = 0.5
     steps_per_epoch: int | None = None
     checkpoint_every: int | None = None
+    map_every: int | None = None  # epochs between in-training mAP evaluations (chief)
     backup_every: int | None = None  # steps; None backs up at epoch ends
     reduce_lr_patience: int | None = None
     early_stopping_patience: int | None = None
@@ -315,48 +316,6 @@ def run(config, *, log=print):
         "anchors": np.asarray(anchors).tolist(),
         "input_size": list(input_hw),
     }
-    throughput = yolo_callbacks.Throughput(global_batch, clock, log=log if info.is_chief else None)
-    nonfinite = yolo_callbacks.StopOnNonFinite()
-    callback_list = [
-        throughput,
-        yolo_callbacks.LearningRateLogger(),
-        nonfinite,
-        yolo_callbacks.WorkerBackup(
-            os.path.join(backup_root, f"worker-{info.worker_index}"),
-            every_steps=config.backup_every,
-            log=log,
-        ),
-        yolo_callbacks.TemplateCheckpoint(
-            checkpoint_dir,
-            body,
-            worker=info,
-            every=config.checkpoint_every,
-            monitor="val_loss" if val_data is not None else "loss",
-            metadata=metadata,
-        ),
-    ]
-    if config.freeze_body:
-        names = frozen_layer_names(body, model_type, config.freeze_body)
-        callback_list.insert(
-            0, yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log)
-        )
-    if config.reduce_lr_patience:
-        callback_list.append(
-            yolo_callbacks.PlateauScale(
-                trainer.lr_scale,
-                monitor="val_loss" if val_data is not None else "loss",
-                patience=config.reduce_lr_patience,
-                log=log,
-            )
-        )
-    if config.early_stopping_patience:
-        callback_list.append(
-            keras.callbacks.EarlyStopping(
-                monitor="val_loss" if val_data is not None else "loss",
-                patience=config.early_stopping_patience,
-                verbose=1,
-            )
-        )
     if info.is_chief:
         os.makedirs(config.log_dir, exist_ok=True)
         records.write_json(
@@ -376,12 +335,21 @@ def run(config, *, log=print):
                 },
             },
         )
-        callback_list.insert(
-            3,
-            keras.callbacks.TensorBoard(
-                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
-            ),
-        )
+    monitor = "val_loss" if val_data is not None else "loss"
+    callback_list, throughput, nonfinite = _callbacks(
+        config,
+        trainer=trainer,
+        info=info,
+        model_type=model_type,
+        metadata=metadata,
+        clock=clock,
+        global_batch=global_batch,
+        monitor=monitor,
+        checkpoint_dir=checkpoint_dir,
+        backup_root=backup_root,
+        map_source=(val_dir, val_split) if val_dir else None,
+        log=log,
+    )
 
     history = trainer.fit(
         train_data,
@@ -409,6 +377,71 @@ def run(config, *, log=print):
         throughput=throughput.history,
         trainer=trainer,
     )
+
+
+def _callbacks(
+    config, *, trainer, info, model_type, metadata, clock, global_batch, monitor,
+    checkpoint_dir, backup_root, map_source, log,
+):  # fmt: skip
+    """The callbacks of a run, in the order they must see each epoch's logs.
+
+    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard
+    and the checkpoints, which record them.
+    """
+    body = trainer.body
+    throughput = yolo_callbacks.Throughput(global_batch, clock, log=log if info.is_chief else None)
+    nonfinite = yolo_callbacks.StopOnNonFinite()
+    ordered = []
+    if config.freeze_body:
+        names = frozen_layer_names(body, model_type, config.freeze_body)
+        ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
+    ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
+    if config.map_every and map_source and info.is_chief:
+        ordered.append(
+            yolo_callbacks.MapEvaluation(
+                body,
+                map_source[0],
+                split=map_source[1],
+                anchors=metadata["anchors"],
+                class_names=metadata["classes"],
+                every=config.map_every,
+                log=log,
+            )
+        )
+    if info.is_chief:
+        ordered.append(
+            keras.callbacks.TensorBoard(
+                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
+            )
+        )
+    ordered += [
+        yolo_callbacks.WorkerBackup(
+            os.path.join(backup_root, f"worker-{info.worker_index}"),
+            every_steps=config.backup_every,
+            log=log,
+        ),
+        yolo_callbacks.TemplateCheckpoint(
+            checkpoint_dir,
+            body,
+            worker=info,
+            every=config.checkpoint_every,
+            monitor=monitor,
+            metadata=metadata,
+        ),
+    ]
+    if config.reduce_lr_patience:
+        ordered.append(
+            yolo_callbacks.PlateauScale(
+                trainer.lr_scale, monitor=monitor, patience=config.reduce_lr_patience, log=log
+            )
+        )
+    if config.early_stopping_patience:
+        ordered.append(
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, patience=config.early_stopping_patience, verbose=1
+            )
+        )
+    return ordered, throughput, nonfinite
 
 
 def _restore_state(trainer, checkpoint_dir, log):
