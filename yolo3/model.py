@@ -14,6 +14,8 @@ first (32, 16, 8 for YOLOv3; 32, 16 for tiny).
 import keras
 from keras import layers
 
+from yolo3.layers import SyncBatchNormalization
+
 # Darknet normalises with sqrt(variance) + 1e-6 (``normalize_cpu``); Keras uses
 # sqrt(variance + epsilon). With epsilon=1e-6 the two agree to ~1e-6 relative, while
 # Keras's default of 1e-3 shifts converted outputs by ~1e-2.
@@ -55,9 +57,10 @@ class _Builder:
             name=f"conv_{index}",
         )(x)
         if batch_norm:
-            x = layers.BatchNormalization(
-                epsilon=BN_EPSILON, synchronized=self.synchronized_bn, name=f"bn_{index}"
-            )(x)
+            # Not BatchNormalization(synchronized=True): its one-pass E[x^2] - E[x]^2 variance
+            # cancels in float32 for channels whose mean is large against their spread.
+            norm = SyncBatchNormalization if self.synchronized_bn else layers.BatchNormalization
+            x = norm(epsilon=BN_EPSILON, name=f"bn_{index}")(x)
             x = layers.LeakyReLU(negative_slope=LEAKY_SLOPE, name=f"leaky_{index}")(x)
         return x
 
@@ -156,7 +159,9 @@ def yolo_body(
         inputs: a ``keras.Input`` of shape (H, W, 3), or None to make one from ``input_shape``.
         num_anchors: anchors per level (3 for the standard 9 anchors).
         num_classes: number of object classes.
-        synchronized_bn: batch-norm statistics shared across replicas under a strategy.
+        synchronized_bn: batch-norm training statistics over the global batch of a
+            distribution strategy (``yolo3.layers.SyncBatchNormalization``) instead of each
+            replica's local batch.
 
     Returns:
         ``keras.Model`` named ``yolo_body`` with outputs ``conv_58``, ``conv_66``, ``conv_74``.
