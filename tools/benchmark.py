@@ -1,0 +1,272 @@
+"""Benchmarks of the training input and the training step, one subcommand each.
+
+    python tools/benchmark.py io [--images 200] [--repeats 3] [--json io.json]
+    python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
+    python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
+
+``io`` (:mod:`yolo3.benchmark_io`): images/s of the original keras-yolo3 on-the-fly input
+against the record-set pipeline as training reads it (uint8 images and boxes; targets are
+built in the train step), per core and on all cores, next to the same pipeline building
+targets in ``tf.data``, the JPEG-decode ceiling and the offline preprocessing throughput.
+About a minute on 2 cores.
+
+``train`` (:mod:`yolo3.benchmark_train`): images/s of the full training step (targets built
+in the step, loss, gradients, update) against the bare network with a trivial loss, on one
+in-memory batch; the overhead of targets and loss. About 4 minutes for tiny at 416 on 2
+cores.
+
+``scaling`` (:mod:`yolo3.benchmark_scaling`): images/s of the training step in one process
+against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
+core with one thread; the scaling efficiency. About 3 minutes on 2 cores.
+
+Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
+image, which load from other processes disturbs much less.
+
+Each subcommand is a ``_add_<name>(subparsers)`` function that registers its parser and
+sets ``handler`` to a function taking the parsed arguments and returning the exit status.
+
+Exit status: 0 on success, 1 when a benchmark process failed, 2 on bad usage.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _size(text):
+    parts = text.lower().split("x")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use HEIGHTxWIDTH, e.g. 480x640") from None
+    if len(sizes) != 2 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use HEIGHTxWIDTH, e.g. 480x640")
+    return tuple(sizes)
+
+
+def _report(result, text, json_path):
+    print()
+    print(text)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+        print(f"\nfigures written to {json_path}")
+    return 0
+
+
+def _log(text):
+    print(text, flush=True)
+
+
+def _run_io(args):
+    from yolo3.benchmark_io import IOConfig, format_io, run_io  # noqa: PLC0415
+    from yolo3.resources import read_anchors  # noqa: PLC0415
+
+    config = IOConfig(
+        anchors=tuple(map(tuple, read_anchors(args.anchors).tolist())),
+        images=args.images,
+        image_hw=args.image_size,
+        input_size=args.input_size,
+        num_classes=args.num_classes,
+        copies=args.copies,
+        batch_size=args.batch_size,
+        batches=args.batches,
+        original_images=args.original_images,
+        repeats=args.repeats,
+        workers_list=tuple(args.workers_list),
+        seed=args.seed,
+        work_dir=args.work_dir,
+    )
+    result = run_io(config, command=args.command, log=_log)
+    return _report(result, format_io(result), args.json)
+
+
+def _add_io(subparsers):
+    parser = subparsers.add_parser(
+        "io",
+        help="original on-the-fly input vs the record-set pipeline, images/s per core",
+        description="Images/s of (a) the original keras-yolo3 input, (b) the record-set "
+        "pipeline, (c) plain JPEG decoding, and of offline preprocessing.",
+    )
+    parser.add_argument("--images", type=int, default=200, help="generated source images")
+    parser.add_argument(
+        "--image-size", type=_size, default=(480, 640), help="source HEIGHTxWIDTH (480x640)"
+    )
+    parser.add_argument("--input-size", type=int, default=416, help="training size (416)")
+    parser.add_argument("--num-classes", type=int, default=80, help="classes in the targets")
+    parser.add_argument(
+        "--anchors",
+        default=str(ROOT / "model_data" / "yolo_anchors.txt"),
+        help="anchors file, 9 pairs",
+    )
+    parser.add_argument("--copies", type=int, default=2, help="augmented copies per image")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batches", type=int, default=20, help="timed batches of (b) and (c) per repeat"
+    )
+    parser.add_argument(
+        "--original-images",
+        type=int,
+        default=64,
+        help="timed images of (a) per repeat, rounded up to whole batches",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each measurement")
+    parser.add_argument(
+        "--workers-list",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="preprocessing worker counts to time",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", help="keep the generated files here (default: a temp dir)")
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+    parser.set_defaults(handler=_run_io)
+
+
+def _default_anchors(model):
+    name = "yolo_anchors.txt" if model == "yolov3" else "tiny_yolo_anchors.txt"
+    return str(ROOT / "model_data" / name)
+
+
+def _step_config(args, **extra):
+    """The :class:`yolo3.benchmark_train.TrainStepConfig` of the shared model flags."""
+    from yolo3.benchmark_train import TrainStepConfig  # noqa: PLC0415
+    from yolo3.resources import read_anchors  # noqa: PLC0415
+
+    anchors = read_anchors(args.anchors or _default_anchors(args.model))
+    return TrainStepConfig(
+        anchors=tuple(map(tuple, anchors.tolist())),
+        model=args.model,
+        input_size=args.input_size,
+        batch_size=args.batch_size,
+        num_classes=args.num_classes,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        repeats=args.repeats,
+        optimizer=args.optimizer,
+        jit_compile=args.jit_compile,
+        seed=args.seed,
+        **extra,
+    )
+
+
+def _run_train(args):
+    from yolo3.benchmark_train import format_train, run_train  # noqa: PLC0415
+
+    config = _step_config(args, max_boxes=args.max_boxes)
+    result = run_train(config, command=args.command, log=_log)
+    return _report(result, format_train(result), args.json)
+
+
+def _add_model_flags(parser, *, input_size, steps, warmup_steps, repeats):
+    parser.add_argument("--model", choices=("tiny", "yolov3"), default="tiny")
+    parser.add_argument("--anchors", help="anchors file (default: model_data's file for --model)")
+    parser.add_argument(
+        "--input-size", type=int, default=input_size, help=f"square input ({input_size})"
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="images per step (8)")
+    parser.add_argument("--num-classes", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=steps, help="timed steps per repeat")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=warmup_steps, help="untimed steps first"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=repeats, help="repeats: rounds (train), windows (scaling)"
+    )
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    parser.add_argument(
+        "--jit-compile", choices=("auto", "on", "off"), default="auto", help="XLA, as train.py"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+
+
+def _add_train(subparsers):
+    parser = subparsers.add_parser(
+        "train",
+        help="full train step (targets + loss) vs the bare network, images/s",
+        description="Images/s of YoloTrainer's train step (targets built in the step, "
+        "yolo_loss, gradients, update) against the bare network with a trivial loss, on "
+        "one in-memory batch; prints the overhead of targets + loss.",
+    )
+    _add_model_flags(parser, input_size=416, steps=1, warmup_steps=2, repeats=15)
+    parser.add_argument(
+        "--max-boxes", type=int, default=100, help="padded box rows per image (100)"
+    )
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_scaling(args):
+    from yolo3.benchmark_scaling import ScalingConfig, format_scaling, run_scaling  # noqa: PLC0415
+
+    config = ScalingConfig(
+        step=_step_config(args),
+        workers=args.workers,
+        rounds=args.rounds,
+        sync_bn=args.sync_bn,
+        timeout=args.timeout,
+    )
+    result = run_scaling(config, command=args.command, log=_log)
+    return _report(result, format_scaling(result), args.json)
+
+
+def _add_scaling(subparsers):
+    parser = subparsers.add_parser(
+        "scaling",
+        help="1 training process vs 2 workers on 127.0.0.1, one core each",
+        description="Images/s of the real training step in one process against "
+        "MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one "
+        "core with one thread, the same batch per process; prints the scaling efficiency.",
+    )
+    _add_model_flags(parser, input_size=128, steps=20, warmup_steps=5, repeats=3)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--rounds", type=int, default=1, help="1 process, then workers, N times")
+    parser.add_argument(
+        "--sync-bn",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="synchronized batch norm (auto: on with more than one replica, as train.py)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds for one run, start-up included"
+    )
+    parser.set_defaults(handler=_run_scaling)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description="Benchmarks of the training input and step.")
+    subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    _add_io(subparsers)
+    _add_train(subparsers)
+    _add_scaling(subparsers)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    args.command = shlex.join(["python", "tools/benchmark.py", *argv])
+    try:
+        return args.handler(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
