@@ -1,0 +1,258 @@
+"""train.py on several replicas and several worker processes, against one device.
+
+Each configuration runs in its own process: TensorFlow joins one collective group per
+process, and logical CPU devices must be set before it initialises.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_worker import probe_images
+
+from yolo3.model import tiny_yolo_body
+from yolo3.weights import load_weights, read_metadata, save_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("train_worker.py")
+LAUNCH = ROOT / "tools" / "launch.py"
+TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Eight training records: every global batch of 8 is the whole set.
+
+    Which records a step sees then cannot depend on the replica layout: Keras takes one
+    batch from the iterator to build a model under a strategy, and shuffling differs
+    between one pipeline and one per worker, but the set of images in a step does not.
+    """
+    folder = tmp_path_factory.mktemp("distributed")
+    records = small_record_set(folder / "records", train=8, val=8, num_shards=2, noise=20)
+    anchors = write_anchors(folder / "anchors.txt")
+    initial = str(folder / "init.weights.h5")
+    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
+    return records, anchors, initial
+
+
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("longer")
+    records = small_record_set(folder / "records", train=32, val=8, num_shards=2)
+    return records, write_anchors(folder / "anchors.txt")
+
+
+def _sgd_args(records, log_dir, anchors, initial, *extra):
+    # SGD: its update is linear in the gradient, so replica layouts must agree to rounding.
+    return train_args(
+        records, log_dir, anchors, "--weights", initial, "--optimizer", "sgd",
+        "--lr", "0.01", "--lr-reference-batch", "8", "--sync-bn", "on", *extra,
+    )  # fmt: skip
+
+
+def _run(command, timeout=TIMEOUT):
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return completed.stdout + completed.stderr
+
+
+def _weights(path):
+    data = np.load(path)
+    count = len([k for k in data.files if k.startswith("w")])
+    return [data[f"w{i}"] for i in range(count)], data
+
+
+def _template(path):
+    body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(body, str(path))
+    return body.get_weights()
+
+
+def _max_difference(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def test_four_replicas_match_one_device_and_checkpoint_loads_without_strategy(setup, tmp_path):
+    records, anchors, initial = setup
+    # One step: its gradients are computed at identical weights, so float32 rounding is all
+    # that may differ. Over several steps those differences cross LeakyReLU kinks and
+    # max-pool ties and grow chaotically (one device alone moves 1e-2 from 1e-7 weight
+    # noise); tests/test_sync_bn.py checks three steps exactly, in float64.
+    steps = ["--epochs", "1", "--steps-per-epoch", "1", "--flip", "0"]
+    one = _sgd_args(records, tmp_path / "one", anchors, initial, "--batch-size", "8", *steps)
+    four = _sgd_args(
+        records, tmp_path / "four", anchors, initial, "--batch-size", "2", "--cpu-replicas", "4",
+        *steps,
+    )  # fmt: skip
+    _run([sys.executable, str(WORKER), str(tmp_path / "dump-one"), "--", *one])
+    log = _run([sys.executable, str(WORKER), str(tmp_path / "dump-four"), "--", *four])
+    assert "4 replicas x 2 = global batch 8" in log
+    single, _ = _weights(tmp_path / "dump-one/worker-0.npz")
+    replicated, dump = _weights(tmp_path / "dump-four/worker-0.npz")
+    start = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(start, initial)
+    assert _max_difference(single, start.get_weights()) > 1e-3  # the steps did train
+    assert _max_difference(single, replicated) <= 1e-5
+    # (b) the checkpoint of the 4-replica run loads into a model built with no strategy
+    # and predicts what the trained model predicted inside the strategy.
+    fresh = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(fresh, str(tmp_path / "four/checkpoints/last.weights.h5"))
+    for index, output in enumerate(fresh(probe_images(SIZE))):
+        np.testing.assert_allclose(np.asarray(output), dump[f"p{index}"], atol=1e-5)
+
+
+def _launch(dump, log_dir, records, anchors, initial, *extra, grace=20):
+    args = _sgd_args(records, log_dir, anchors, initial, "--batch-size", "4", *extra)
+    return [
+        sys.executable, str(LAUNCH), "-n", "2", "--grace", str(grace), "--",
+        sys.executable, str(WORKER), str(dump), "--", *args,
+    ]  # fmt: skip
+
+
+def test_two_worker_cluster_matches_one_process(setup, tmp_path):
+    records, anchors, initial = setup
+    # Each worker reads one shard of 4 records per step, one process both shards: the
+    # same 8 images per step (no flips, which are drawn per position in the stream).
+    same_data = [
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "1",
+        "--flip",
+        "0",
+        "--checkpoint-every",
+        "1",
+    ]
+    started = time.monotonic()
+    log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *same_data))
+    cluster_seconds = time.monotonic() - started
+    assert "[worker 0]" in log and "[worker 1]" in log
+    assert "2 replicas x 4 = global batch 8" in log
+    one = _sgd_args(records, tmp_path / "one", anchors, initial, "--batch-size", "8", *same_data)
+    _run([sys.executable, str(WORKER), str(tmp_path / "dump-one"), "--", *one])
+
+    chief, _ = _weights(tmp_path / "dump/worker-0.npz")
+    other, _ = _weights(tmp_path / "dump/worker-1.npz")
+    single, _ = _weights(tmp_path / "dump-one/worker-0.npz")
+    assert _max_difference(chief, other) == 0.0
+    # Identical up to float32 rounding: summation order differs between one process and
+    # two workers, and a 1e-7 difference that moves an activation across LeakyReLU's kink or
+    # flips a max-pool tie reroutes a gradient (at 64 px the deepest maps are 2x2), so the
+    # runs part (2e-4 and 6e-4 measured after one step, 6e-3 after two). A wrong reduction
+    # (summing the two workers' gradients, or averaging local means twice) is off by a whole
+    # step, ~1e-1.
+    # tests/test_sync_bn.py checks exact equality of replica layouts in float64.
+    first = [
+        _template(tmp_path / run / "checkpoints/epoch-0001.weights.h5") for run in ("job", "one")
+    ]
+    start = _template(initial)
+    moved = _max_difference(single, start)
+    step_one, step_two = _max_difference(*first), _max_difference(chief, single)
+    print(
+        f"\n2 workers vs 1 process: {step_one:.1e} after step 1, {step_two:.1e} after step 2; "
+        f"the weights moved up to {moved:.1e}"
+    )
+    assert moved > 5e-2
+    assert step_one <= 5e-3 and step_two <= 3e-2
+    # Only the chief wrote: one set of checkpoints, one TensorBoard run, one config.
+    job = tmp_path / "job"
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == [
+        "best.weights.h5", "epoch-0001.weights.h5", "epoch-0002.weights.h5",
+        "last.weights.h5", "state.weights.h5",
+    ]  # fmt: skip
+    assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == 2
+    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # train, val
+    assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == 2
+    assert not (job / "backup").exists() or not any((job / "backup").iterdir())
+    print(f"\n2-worker cluster, 2 epochs of tiny at {SIZE} px: {cluster_seconds:.0f} s wall")
+
+
+def _children(pid):
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _worker_pid(launcher_pid, index):
+    for child in _children(launcher_pid):
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(b"TF_CONFIG="):
+                if json.loads(entry[len(b"TF_CONFIG=") :])["task"]["index"] == index:
+                    return child
+    return None
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_killed_worker_ends_the_job_and_a_relaunch_resumes(setup, longer, tmp_path):
+    records, anchors = longer
+    initial = setup[2]
+    command = _launch(
+        tmp_path / "dump", tmp_path / "job", records, anchors, initial, "--epochs", "3",
+        grace=10,
+    )  # fmt: skip
+    launcher = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    backup = tmp_path / "job/backup/worker-1/backup.weights.h5"
+    try:
+        _wait_for(lambda: backup.exists(), TIMEOUT, "worker 1's first backup")
+        victim = _worker_pid(launcher.pid, 1)
+        assert victim is not None
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    # The job ends with an error, in bounded time, naming the dead worker.
+    assert launcher.returncode != 0
+    assert time.monotonic() - killed_at < 120
+    assert "worker 1 ended with signal 9" in output
+    # The same command again resumes from the backups and finishes the planned epochs.
+    log = _run(command)
+    assert "restored backup" in log
+    dump = np.load(tmp_path / "dump/worker-0.npz")
+    assert int(dump["epochs_this_run"]) < 3
+    assert read_metadata(str(tmp_path / "job/checkpoints/last.weights.h5"))["epoch"] == 3
+
+
+@pytest.mark.slow
+def test_killed_single_process_resumes_with_its_optimizer_state(longer, tmp_path):
+    records, anchors = longer
+    args = train_args(records, tmp_path / "run", anchors, "--epochs", "3", "--backup-every", "2")
+    command = [sys.executable, str(WORKER), str(tmp_path / "dump"), "--", *args]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = tmp_path / "run/checkpoints/state.weights.h5"
+    try:
+        _wait_for(lambda: state.exists(), TIMEOUT, "the first epoch's training state")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    backup = tmp_path / "run/backup/worker-0/backup.weights.h5"
+    assert backup.exists()
+    restored_epoch = read_metadata(str(backup))["epoch"]
+    log = _run(command)
+    assert f"restored backup {backup}: epoch {restored_epoch}" in log
+    dump = np.load(tmp_path / "dump/worker-0.npz")
+    assert int(dump["epochs_this_run"]) == 3 - restored_epoch
+    # 32 records / batch 4 = 8 steps per epoch; the optimizer's count continues.
+    assert int(dump["step"]) == 8 * 3
+    assert read_metadata(str(state))["epoch"] == 3
