@@ -151,3 +151,16 @@ def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
     wrong = write_anchors(tmp_path / "nine.txt", np.tile(SMALL_ANCHORS, (2, 1))[:9])
     assert train.main(train_args(records, tmp_path, wrong, "--model", "tiny")) == 2
     assert "6" in capsys.readouterr().err
+
+
+def test_test_io_and_benchmark_modes(record_set, tmp_path, capsys):
+    records, anchors = record_set
+    assert train.main(train_args(records, tmp_path / "io", anchors, "--test-io", "1")) == 0
+    assert "input pipeline alone:" in capsys.readouterr().out
+    args = train_args(
+        records, tmp_path / "bench", anchors, "--benchmark", "--epochs", "1",
+        "--steps-per-epoch", "2",
+    )  # fmt: skip
+    config = train.config_from_args(train.build_parser().parse_args(args))
+    result = training.run(config, log=lambda *_: None)
+    assert result.epochs_done == 1 and math.isfinite(result.history["loss"][0])

@@ -149,20 +149,7 @@ def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
                 anchor_masks=anchor_masks,
                 seed=config.seed + context.input_pipeline_id,
             )
-        return yolo_data.make_dataset(
-            config.records,
-            "train",
-            batch_size=config.batch_size,
-            anchors=anchors,
-            num_classes=num_classes,
-            anchor_masks=anchor_masks,
-            training=True,
-            seed=config.seed,
-            flip=config.flip,
-            shuffle_buffer=config.shuffle_buffer,
-            input_context=context,
-            targets=False,  # built in the train step, on the accelerator
-        )
+        return _train_records(config, anchors, num_classes, anchor_masks, context)
 
     val_dir, val_split = _validation_source(config, manifest)
 
@@ -186,6 +173,24 @@ def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
     train = strategy.distribute_datasets_from_function(train_fn)
     val = strategy.distribute_datasets_from_function(val_fn) if val_dir else None
     return train, val, val_dir, val_split
+
+
+def _train_records(config, anchors, num_classes, anchor_masks=None, context=None):
+    """The training split as the trainer reads it: uint8 images and padded boxes."""
+    return yolo_data.make_dataset(
+        config.records,
+        "train",
+        batch_size=config.batch_size,
+        anchors=anchors,
+        num_classes=num_classes,
+        anchor_masks=anchor_masks,
+        training=True,
+        seed=config.seed,
+        flip=config.flip,
+        shuffle_buffer=config.shuffle_buffer,
+        input_context=context,
+        targets=False,  # built in the train step, on the accelerator
+    )
 
 
 def _validation_source(config, manifest):
@@ -479,17 +484,7 @@ def test_io(config, *, seconds, log=print):
     """
     manifest = records.read_manifest(config.records)
     anchors = read_anchors(config.anchors)
-    dataset = yolo_data.make_dataset(
-        config.records,
-        "train",
-        batch_size=config.batch_size,
-        anchors=anchors,
-        num_classes=len(manifest["classes"]),
-        training=True,
-        seed=config.seed,
-        flip=config.flip,
-        shuffle_buffer=config.shuffle_buffer,
-    )
+    dataset = _train_records(config, anchors, len(manifest["classes"]))
     figures = yolo_data.measure_throughput(dataset, seconds=seconds)
     log(
         f"input pipeline alone: {figures['images_per_second']:.1f} images/s "
