@@ -394,7 +394,11 @@ def _callbacks(
     and the checkpoints, which record them.
     """
     body = trainer.body
-    throughput = yolo_callbacks.Throughput(global_batch, clock, log=log if info.is_chief else None)
+    # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
+    epoch_log = (lambda message: log(f"\n{message}")) if config.verbose else log
+    throughput = yolo_callbacks.Throughput(
+        global_batch, clock, log=epoch_log if info.is_chief else None
+    )
     nonfinite = yolo_callbacks.StopOnNonFinite()
     ordered = []
     if config.freeze_body:
