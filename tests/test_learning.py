@@ -1,0 +1,100 @@
+"""tiny-YOLOv3 learns the demo shapes from scratch on a CPU: the main job, end to end.
+
+The real tools run in order through their ``main([...])`` functions: generate the data set,
+fit anchors, preprocess into record shards, train; then the last checkpoint is loaded into
+``tiny_yolo_body`` and scored by VOC mAP@0.5 on the held-out images, which training never
+sees (not even for checkpoint selection). About 6 minutes of training on two quiet cores.
+"""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from helpers import load_tool
+from PIL import Image
+
+import train
+from yolo3.annotations import parse_annotations
+from yolo3.detect import Detector
+from yolo3.evaluate import evaluate_voc, format_table
+from yolo3.model import tiny_yolo_body
+from yolo3.resources import read_anchors, read_classes
+from yolo3.weights import load_weights
+
+SEED = 0
+INPUT_SIZE = 96  # the images are generated at this size: letterboxing is the identity
+TRAIN_IMAGES = 4000  # fresh generated images beat augmented copies of fewer ones
+VAL_IMAGES = 300
+EPOCHS = 8
+BATCH_SIZE = 16
+LEARNING_RATE = 2e-3  # Adam, for this batch size (--lr-reference-batch BATCH_SIZE)
+MIN_MAP = 0.8
+
+
+def _detect_all(detector, paths, batch=64):
+    found = []
+    for start in range(0, len(paths), batch):
+        images = [np.asarray(Image.open(p).convert("RGB")) for p in paths[start : start + batch]]
+        found.extend(detector.detect(images))
+    return found
+
+
+@pytest.mark.slow
+def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
+    data, records, log_dir = tmp_path / "data", tmp_path / "records", tmp_path / "run"
+    anchors = tmp_path / "anchors.txt"
+    size = str(INPUT_SIZE)
+    times = {}
+
+    generate = [
+        "--output", str(data), "--train", str(TRAIN_IMAGES), "--val", str(VAL_IMAGES),
+        "--size", size, "--seed", str(SEED),
+    ]  # fmt: skip
+    fit_anchors = [
+        "--annotations", str(data / "train.txt"), "-k", "6", "--input-size", size,
+        "--output", str(anchors), "--seed", str(SEED),
+    ]  # fmt: skip
+    preprocess = [
+        "--annotations", str(data / "train.txt"), "--classes", str(data / "classes.txt"),
+        "--output", str(records), "--input-size", size, "--copies", "0",
+        "--seed", str(SEED), "--workers", "2", "--no-progress",
+    ]  # fmt: skip
+    fit = [
+        "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),
+        "--epochs", str(EPOCHS), "--batch-size", str(BATCH_SIZE),
+        "--lr", str(LEARNING_RATE), "--lr-reference-batch", str(BATCH_SIZE),
+        "--warmup-epochs", "1", "--seed", str(SEED), "--gpus", "0", "--quiet",
+    ]  # fmt: skip
+
+    started = time.perf_counter()
+    assert load_tool("make_demo_dataset").main(generate) == 0
+    times["generate"] = time.perf_counter() - started
+    started = time.perf_counter()
+    assert load_tool("kmeans").main(fit_anchors) == 0
+    assert load_tool("preprocess").main(preprocess) == 0
+    times["anchors + preprocess"] = time.perf_counter() - started
+    started = time.perf_counter()
+    assert train.main(fit) == 0
+    times["train"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    class_names = read_classes(data / "classes.txt")
+    entries, rejects, _ = parse_annotations(data / "val.txt", num_classes=len(class_names))
+    assert not rejects and len(entries) == VAL_IMAGES
+    body = tiny_yolo_body(None, 3, len(class_names), input_shape=(INPUT_SIZE, INPUT_SIZE, 3))
+    load_weights(body, str(log_dir / "checkpoints" / "last.weights.h5"))
+    detector = Detector.from_model(
+        body, read_anchors(anchors), class_names, score_threshold=0.01, max_detections=100
+    )
+    detections = _detect_all(detector, [entry.path for entry in entries])
+    truth = [{"boxes": entry.boxes, "classes": entry.classes} for entry in entries]
+    result = evaluate_voc(truth, detections, num_classes=len(class_names))
+    times["evaluate"] = time.perf_counter() - started
+
+    with capsys.disabled():
+        print(f"\nheld-out {VAL_IMAGES} images, tiny-YOLOv3 {INPUT_SIZE} px from scratch:")
+        print(format_table(result, class_names))
+        print(", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in times.items()))
+        print("load average (1, 5, 15 min): " + ", ".join(f"{v:.1f}" for v in os.getloadavg()))
+    assert result.mean_ap >= MIN_MAP, format_table(result, class_names)
