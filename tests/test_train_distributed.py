@@ -98,8 +98,14 @@ def test_four_replicas_match_one_device_and_checkpoint_loads_without_strategy(se
     replicated, dump = _weights(tmp_path / "dump-four/worker-0.npz")
     start = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
     load_weights(start, initial)
-    assert _max_difference(single, start.get_weights()) > 1e-3  # the steps did train
-    assert _max_difference(single, replicated) <= 1e-5
+    moved = _max_difference(single, start.get_weights())
+    difference = _max_difference(single, replicated)
+    print(f"\n4 replicas vs 1 device after one step: {difference:.1e}; moved up to {moved:.1e}")
+    # Usually ~1e-6 (float32 rounding). When rounding moves an activation across a kink
+    # (LeakyReLU at 0, a max-pool tie) one gradient is rerouted: 1.6e-4 was seen for one
+    # random initialisation. A wrong reduction is off by a whole step, ~1e-1.
+    assert moved > 5e-2
+    assert difference <= 5e-3
     # (b) the checkpoint of the 4-replica run loads into a model built with no strategy
     # and predicts what the trained model predicted inside the strategy.
     fresh = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
