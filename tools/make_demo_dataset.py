@@ -22,19 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import synthetic  # noqa: E402
+from yolo3.resources import parse_size  # noqa: E402
 
 
 def _size(text):
-    parts = text.lower().split("x")
     try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use 96 or HEIGHTxWIDTH") from None
-    if len(sizes) == 1:
-        sizes *= 2
-    if len(sizes) != 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: use 96 or HEIGHTxWIDTH")
-    return tuple(sizes)
+        return parse_size(text, example=96)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser():

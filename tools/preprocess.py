@@ -24,20 +24,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
-from yolo3.resources import read_classes  # noqa: E402
+from yolo3.resources import parse_size, read_classes  # noqa: E402
 
 
 def _input_size(text):
-    parts = text.lower().split("x")
     try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use 416 or HEIGHTxWIDTH") from None
-    if len(sizes) == 1:
-        sizes *= 2
-    if len(sizes) != 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: use 416 or HEIGHTxWIDTH")
-    return tuple(sizes)
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _available_cores():

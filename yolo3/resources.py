@@ -71,3 +71,20 @@ def _is_number(text):
     except ValueError:
         return False
     return True
+
+
+def parse_size(text, example=416):
+    """``"416"`` -> ``(416, 416)``, ``"320x480"`` -> ``(320, 480)`` (height x width).
+
+    Raises:
+        ValueError naming the text when it is neither form (the hint shows ``example``).
+    """
+    try:
+        sizes = [int(part) for part in str(text).lower().split("x")]
+    except ValueError:
+        sizes = []
+    if len(sizes) == 1:
+        sizes *= 2
+    if len(sizes) != 2:
+        raise ValueError(f"{text!r}: use {example} or HEIGHTxWIDTH")
+    return tuple(sizes)
