@@ -76,19 +76,33 @@ def _iou_xywh(a, b):
     return inter / union if union > 0 else 0.0
 
 
-def numpy_loss(targets, outputs, anchors, num_classes, anchor_masks, ignore_thresh):
-    """Cell-by-cell reference of the per-image loss; returns (N,) totals and a dict of terms."""
+def numpy_loss(
+    targets, outputs, anchors, num_classes, anchor_masks, ignore_thresh, true_boxes=None
+):
+    """Cell-by-cell reference of the per-image loss; returns (N,) totals and a dict of terms.
+
+    The ignore mask compares with ``true_boxes`` (N, max_boxes, >= 4 corner pixels; padding
+    rows zero) when given, else with the cells assigned in ``targets``.
+    """
     batch = targets[0].shape[0]
     input_w = outputs[0].shape[2] * 32
     input_h = outputs[0].shape[1] * 32
     terms = {name: np.zeros(batch) for name in ("xy", "wh", "objectness", "class")}
     for image in range(batch):
-        truths = [
-            level[image][index][:4]
-            for level in targets
-            for index in np.ndindex(level.shape[1:4])
-            if level[image][index][4] > 0
-        ]
+        if true_boxes is None:
+            truths = [
+                level[image][index][:4]
+                for level in targets
+                for index in np.ndindex(level.shape[1:4])
+                if level[image][index][4] > 0
+            ]
+        else:
+            truths = [
+                ((x0 + x1) / 2 / input_w, (y0 + y1) / 2 / input_h, (x1 - x0) / input_w,
+                 (y1 - y0) / input_h)
+                for x0, y0, x1, y1 in np.asarray(true_boxes[image], np.float64)[:, :4]
+                if x1 > x0 and y1 > y0
+            ]  # fmt: skip
         for level, mask in enumerate(anchor_masks):
             grid_h, grid_w = outputs[level].shape[1:3]
             raw = np.asarray(outputs[level][image], np.float64).reshape(

@@ -12,7 +12,8 @@ The terms are those of the original keras-yolo3 (and Darknet's yolo layer):
   both weighted by ``2 - w * h`` (w, h as fractions of the input) and only where an
   object is assigned;
 - objectness: cross-entropy, where predicted boxes with an IoU above ``ignore_thresh``
-  with any true box of the same image are not penalised as background;
+  with any true box of the same image are not penalised as background (all the image's
+  boxes when they are given, as in Darknet; else those assigned in the targets);
 - class: sigmoid cross-entropy per class where an object is assigned.
 Each term is summed over cells, anchors and levels; the mean of the per-image totals over
 a batch equals the original's ``sum / batch_size``.
@@ -24,6 +25,8 @@ from keras import ops
 from yolo3.resources import default_anchor_masks
 
 LOSS_TERMS = ("xy", "wh", "objectness", "class")
+# Truth boxes per image for the ignore mask when only targets are given (Darknet's default).
+MAX_TRUE_BOXES = 90
 # exp() of a raw width/height logit above this overflows float32 box areas in the IoU.
 _MAX_LOG_SCALE = 10.0
 
@@ -54,29 +57,50 @@ def box_iou(boxes_a, boxes_b):
     return intersection / ops.maximum(area_a + area_b - intersection, 1e-12)
 
 
-def _true_boxes_per_image(y_true):
-    """All assigned boxes of each image, gathered from every level.
+def _boxes_from_targets(y_true, max_true_boxes):
+    """Boxes assigned in the targets, gathered from every level; static shapes (XLA-safe).
 
-    Returns (N, T, 4) centre x, y, width, height as input fractions, zero-padded; T is the
-    largest number of assigned cells in one image of the batch (at least 1).
+    Returns (N, T, 4) centre x, y, width, height as input fractions, zero-padded, with
+    T = min(max_true_boxes, cells x anchors over all levels): the first T assigned cells of
+    each image in level order (Darknet's ``[yolo]`` layer holds at most 90 truths too).
     """
-    flat = [tf.reshape(level[..., :5], [tf.shape(level)[0], -1, 5]) for level in y_true]
-    flat = tf.concat(flat, axis=1)
-    positions = tf.where(flat[..., 4] > 0)
-    boxes = tf.gather_nd(flat[..., :4], positions)
-    ragged = tf.RaggedTensor.from_value_rowids(
-        boxes, positions[:, 0], nrows=tf.cast(tf.shape(flat)[0], tf.int64)
+    flat = [ops.reshape(level[..., :5], (ops.shape(level)[0], -1, 5)) for level in y_true]
+    flat = ops.concatenate(flat, axis=1)
+    num_cells = sum(
+        int(level.shape[1]) * int(level.shape[2]) * int(level.shape[3]) for level in y_true
     )
-    padded = ragged.to_tensor(default_value=0.0, shape=[None, None, 4])
-    # One zero box keeps the max over true boxes defined for a batch with no boxes at all.
-    return tf.pad(padded, [[0, 0], [0, 1], [0, 0]])
+    count = min(int(max_true_boxes), num_cells)
+    # top_k over 0/1 objectness picks assigned cells, ties in index order: level order.
+    _, indices = tf.math.top_k(flat[..., 4], k=count, sorted=True)
+    gathered = tf.gather(flat, indices, batch_dims=1)
+    return gathered[..., :4] * gathered[..., 4:5]
+
+
+def boxes_to_xywh(boxes, input_wh):
+    """Padded corner boxes (N, T, >= 4) in input pixels -> (N, T, 4) centre x, y, width,
+    height as input fractions; padding rows (zero width or height) stay zero-size."""
+    boxes = ops.cast(boxes[..., :4], "float32")
+    corner_min, corner_max = boxes[..., 0:2], boxes[..., 2:4]
+    size = ops.maximum(corner_max - corner_min, 0.0)
+    centre = (corner_min + corner_max) / 2
+    return ops.concatenate([centre / input_wh, size / input_wh], axis=-1)
 
 
 def _sigmoid_bce(labels, logits):
     return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
 
 
-def yolo_loss(y_true, y_pred, *, anchors, num_classes, ignore_thresh=0.5, anchor_masks=None):
+def yolo_loss(
+    y_true,
+    y_pred,
+    *,
+    anchors,
+    num_classes,
+    ignore_thresh=0.5,
+    anchor_masks=None,
+    true_boxes=None,
+    max_true_boxes=MAX_TRUE_BOXES,
+):
     """Per-image YOLOv3 loss.
 
     Args:
@@ -88,6 +112,15 @@ def yolo_loss(y_true, y_pred, *, anchors, num_classes, ignore_thresh=0.5, anchor
         num_classes: number of classes.
         ignore_thresh: IoU above which a predicted box is not penalised as background.
         anchor_masks: anchor indices per level (default: Darknet's for 9 or 6 anchors).
+        true_boxes: the boxes the targets were built from, (N, max_boxes, >= 4) float32
+            x_min, y_min, x_max, y_max in input pixels (padding rows zero), as
+            :func:`yolo3.targets.build_targets` takes them. The ignore mask compares each
+            prediction with all of them, as Darknet's ``[yolo]`` layer does. Without them it
+            compares with the boxes assigned in ``y_true`` (at most ``max_true_boxes`` per
+            image, the first in level order), which leaves out a box that lost its cell and
+            anchor to another.
+        max_true_boxes: the cap of that fallback; shapes stay static, so the loss compiles
+            with XLA either way.
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
@@ -104,7 +137,13 @@ def yolo_loss(y_true, y_pred, *, anchors, num_classes, ignore_thresh=0.5, anchor
     # The largest stride is 32, so the input size is the first grid times 32.
     grid_0 = ops.shape(y_pred[0])
     input_wh = ops.cast(ops.stack([grid_0[2] * 32, grid_0[1] * 32]), "float32")
-    true_boxes = ops.stop_gradient(_true_boxes_per_image(y_true))
+    if true_boxes is None:
+        true_boxes = _boxes_from_targets(y_true, max_true_boxes)
+    else:
+        true_boxes = boxes_to_xywh(true_boxes, input_wh)
+        if true_boxes.shape[1] in (0, None):  # keeps the max over true boxes defined
+            true_boxes = ops.pad(true_boxes, [[0, 0], [0, 1], [0, 0]])
+    true_boxes = ops.stop_gradient(true_boxes)
 
     terms = {name: 0.0 for name in LOSS_TERMS}
     for level, mask in enumerate(anchor_masks):

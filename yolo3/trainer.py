@@ -168,24 +168,49 @@ class YoloTrainer(keras.Model):
     def attach_input_clock(self, clock):
         """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
 
-        A callback sets it to ``time.time()`` before each step; the step logs
+        A callback sets it to ``time.time()`` before each step; the train function logs
         ``INPUT_WAIT_KEY``, the seconds until its batch had arrived.
         """
         self._input_clock = clock
         self.train_function = None
 
-    def train_step(self, data):
+    def make_train_function(self, force=False):
+        """Keras's train function, with the batch's arrival stamped outside the step.
+
+        XLA has no kernel for ``tf.timestamp``, so the clock is read in an outer function
+        that takes the batch from the iterator and then calls the replicated step, which
+        Keras's own way compiles (with XLA when ``jit_compile`` is on).
+        """
         clock = getattr(self, "_input_clock", None)
-        if clock is None:
-            return super().train_step(data)
-        with tf.control_dependencies(tf.nest.flatten(data)):
-            arrived = tf.timestamp()
-        # Nothing of the step may start before the arrival time is taken.
-        with tf.control_dependencies([arrived]):
-            data = tf.nest.map_structure(tf.identity, data)
-        logs = super().train_step(data)
-        logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
-        return logs
+        if self.train_function is not None and not force:
+            return self.train_function
+        if clock is None or self.run_eagerly or self.steps_per_execution != 1:
+            return super().make_train_function(force=force)
+        # The module's reduce_per_replica, looked up per trace: yolo3.keras_mwms replaces it.
+        from keras.src.backend.tensorflow import trainer as tf_trainer
+
+        strategy = self.distribute_strategy
+
+        def replicated_step(data):
+            outputs = strategy.run(self.train_step, args=(data,))
+            return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+        step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
+
+        @tf.function(reduce_retracing=True)
+        def train_function(iterator):
+            data = iterator.get_next()
+            with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+                arrived = tf.timestamp()
+            # Nothing of the step may start before the arrival time is taken.
+            with tf.control_dependencies([arrived]):
+                logs = step(data)
+            logs = dict(logs)
+            logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
+            return logs
+
+        self.train_function = train_function
+        return train_function
 
     def call(self, images, training=False):
         if keras.backend.standardize_dtype(images.dtype) == "uint8":
@@ -195,10 +220,12 @@ class YoloTrainer(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         del x, sample_weight, training
         outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
+        boxes = None
         if not isinstance(y, (tuple, list)):  # padded boxes: targets are built here
             input_hw = self.body.input_shape[1:3]
+            boxes = y
             y = build_targets(
-                y,
+                boxes,
                 input_hw=input_hw,
                 anchors=self.anchors,
                 num_classes=self.num_classes,
@@ -211,6 +238,7 @@ class YoloTrainer(keras.Model):
             num_classes=self.num_classes,
             ignore_thresh=self.ignore_thresh,
             anchor_masks=self.anchor_masks,
+            true_boxes=boxes,
         )
         for tracker, term in zip(self.term_trackers, LOSS_TERMS):
             tracker.update_state(terms[term])

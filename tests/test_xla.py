@@ -1,0 +1,213 @@
+"""The train step under XLA, as Keras compiles it on one GPU: same loss, same gradients.
+
+XLA runs on the CPU too (``jit_compile=True``), so the step a one-GPU user gets by default
+is compiled and checked here against the same step without XLA.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_loss, numpy_targets, random_boxes, tiny_model
+from train_helpers import SIZE, small_record_set, train_args, write_anchors
+
+import train
+from callbacks import Throughput
+from yolo3 import training
+from yolo3.loss import yolo_loss
+from yolo3.targets import build_targets
+from yolo3.trainer import YoloTrainer
+from yolo3.weights import load_weights
+
+NUM_CLASSES = 2
+
+
+def _colliding_boxes(rng, batch=3):
+    """Random boxes, and image 0 holding only two 16x16 boxes in one stride-16 cell, both
+    best matched by anchor 16x16: the first loses its cell and anchor to the second, so
+    only the given boxes hold both."""
+    boxes = random_boxes(rng, batch, 6, SIZE, NUM_CLASSES)
+    boxes[0] = 0
+    boxes[0, 0] = [32, 32, 48, 48, 0]
+    boxes[0, 1] = [39, 39, 55, 55, 1]
+    return boxes
+
+
+def _outputs(rng, batch):
+    channels = 3 * (5 + NUM_CLASSES)
+    return [
+        rng.normal(0, 1.5, (batch, SIZE // stride, SIZE // stride, channels)).astype(np.float32)
+        for stride in (32, 16)
+    ]
+
+
+def test_ignore_mask_with_given_boxes_matches_numpy_oracle():
+    rng = np.random.default_rng(11)
+    boxes = _colliding_boxes(rng)
+    outputs = _outputs(rng, len(boxes))
+    # Image 0, stride 16, cell (2, 2), anchor 6x8: a confident prediction of exactly the
+    # losing box (centre 40, 40, size 16): IoU 1 with it, 81 / 431 with the winner.
+    outputs[1][0, 2, 2, :5] = [0.0, 0.0, np.log(16 / 6), np.log(16 / 8), 3.0]
+    targets = build_targets(
+        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+    )
+    oracle_targets = numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
+    results = {}
+    for given in (None, boxes):
+        total, terms = yolo_loss(
+            targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, true_boxes=given
+        )
+        expected_total, expected_terms = numpy_loss(
+            oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, given
+        )
+        np.testing.assert_allclose(total.numpy()[:, 0], expected_total, rtol=1e-5)
+        np.testing.assert_allclose(
+            terms["objectness"].numpy()[:, 0], expected_terms["objectness"], rtol=1e-5
+        )
+        results["boxes" if given is not None else "targets"] = terms["objectness"].numpy()[:, 0]
+    # The box that lost the collision spares predictions near it only when boxes are given.
+    np.testing.assert_allclose(
+        results["targets"][0] - results["boxes"][0], np.logaddexp(0, 3.0), rtol=1e-5
+    )
+
+
+def test_targets_only_fallback_caps_truths_in_level_order():
+    rng = np.random.default_rng(5)
+    boxes = random_boxes(rng, 2, 6, SIZE, NUM_CLASSES, fill=1.0)
+    outputs = _outputs(rng, 2)
+    targets = build_targets(
+        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+    )
+    oracle_targets = numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
+    cap = 2
+    first_assigned = np.zeros((2, cap, 4), np.float32)  # corner pixels, in level order
+    for image in range(2):
+        cells = [
+            level[image][index][:4]
+            for level in oracle_targets
+            for index in np.ndindex(level.shape[1:4])
+            if level[image][index][4] > 0
+        ]
+        assert len(cells) > cap
+        for row, (cx, cy, w, h) in enumerate(cells[:cap]):
+            first_assigned[image, row] = np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
+    first_assigned *= SIZE
+    total, _ = yolo_loss(
+        targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, max_true_boxes=cap
+    )
+    expected, _ = numpy_loss(
+        oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, first_assigned
+    )
+    np.testing.assert_allclose(total.numpy()[:, 0], expected, rtol=1e-5)
+
+
+def _loss_and_gradients(jit_compile, model, images, boxes):
+    @tf.function(jit_compile=jit_compile)
+    def step(images, boxes):
+        with tf.GradientTape() as tape:
+            outputs = model(images, training=True)
+            targets = build_targets(
+                boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+            )
+            total, _ = yolo_loss(
+                targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, true_boxes=boxes
+            )
+            loss = tf.reduce_mean(total)
+        return total, tape.gradient(loss, model.trainable_variables)
+
+    total, grads = step(tf.constant(images), tf.constant(boxes))
+    return total.numpy(), [g.numpy() for g in grads]
+
+
+@pytest.fixture
+def float64_network():
+    """Builds the network in float64 (the loss stays float32).
+
+    In float32 an activation within rounding of LeakyReLU's kink takes the other slope
+    when XLA fuses and reorders sums, and batch norm over a few 2x2 maps amplifies that
+    into percent-level gradient differences on some inputs (seen: 2.5e-2 on one batch,
+    7e-6 on another). In float64 no activation sits that close, so the comparison shows
+    whether XLA computes the same function.
+    """
+    keras.mixed_precision.set_global_policy("float64")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_loss_and_gradients_are_the_same_with_and_without_xla(float64_network, seed):
+    rng = np.random.default_rng(seed)
+    boxes = _colliding_boxes(rng, batch=4)
+    images = rng.uniform(0, 1, (4, SIZE, SIZE, 3))
+    keras.utils.set_random_seed(0)
+    model = tiny_model(NUM_CLASSES, SIZE)
+    plain_total, plain_grads = _loss_and_gradients(False, model, images, boxes)
+    xla_total, xla_grads = _loss_and_gradients(True, model, images, boxes)
+    np.testing.assert_allclose(xla_total, plain_total, rtol=1e-5)
+    for variable, plain, xla in zip(model.trainable_variables, plain_grads, xla_grads):
+        relative = np.linalg.norm(xla - plain) / max(np.linalg.norm(plain), 1e-12)
+        assert relative <= 1e-5, f"{variable.path}: gradient differs by {relative:.2e}"
+
+
+def _fit_one_step(jit_compile, images, boxes):
+    keras.utils.set_random_seed(0)
+    trainer = YoloTrainer(
+        tiny_model(NUM_CLASSES, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+    )
+    trainer.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=jit_compile)
+    trainer.build((None, SIZE, SIZE, 3))
+    before = [v.numpy() for v in trainer.trainable_variables]
+    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+    trainer.attach_input_clock(clock)
+    throughput = Throughput(len(images), clock, skip_first=0)
+    dataset = tf.data.Dataset.from_tensors((images, boxes)).repeat()
+    history = trainer.fit(
+        dataset, epochs=1, steps_per_epoch=1, verbose=0, callbacks=[throughput], shuffle=False
+    ).history
+    after = [v.numpy() for v in trainer.trainable_variables]
+    return trainer, history, [a - b for a, b in zip(after, before)]
+
+
+def test_fit_compiles_the_step_with_xla_and_still_measures_input_wait():
+    rng = np.random.default_rng(4)
+    boxes = _colliding_boxes(rng, batch=4)
+    images = rng.integers(0, 256, (4, SIZE, SIZE, 3), dtype=np.uint8)
+    trainer, history, xla_update = _fit_one_step(True, images, boxes)
+    assert trainer.jit_compile is True
+    assert 0.0 <= history["input_wait_fraction"][0] <= 1.0
+    assert history["images_per_second"][0] > 0
+    _, plain_history, plain_update = _fit_one_step(False, images, boxes)
+    np.testing.assert_allclose(history["loss"], plain_history["loss"], rtol=1e-4)
+    # The same SGD update up to float32 kink crossings (see float64_network): a broken
+    # step (a term lost, a wrong scale) would be off by far more.
+    xla_update = np.concatenate([u.ravel() for u in xla_update])
+    plain_update = np.concatenate([u.ravel() for u in plain_update])
+    assert np.linalg.norm(xla_update - plain_update) <= 0.1 * np.linalg.norm(plain_update)
+
+
+@pytest.fixture(scope="module")
+def record_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("records")
+    return small_record_set(folder / "set", noise=8), write_anchors(folder / "anchors.txt")
+
+
+def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(record_set, tmp_path):
+    records, anchors = record_set
+    args = train_args(
+        records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "3",
+        "--jit-compile", "on",
+    )  # fmt: skip
+    config = train.config_from_args(train.build_parser().parse_args(args))
+    training.configure(config)
+    result = training.run(config, log=lambda *_: None)
+    assert result.trainer.jit_compile is True
+    assert math.isfinite(result.history["loss"][0])
+    assert "input_wait_fraction" in result.history
+    body = tiny_model(NUM_CLASSES, SIZE, weight_decay=5e-4)
+    load_weights(body, str(tmp_path / "checkpoints/last.weights.h5"))
+    np.testing.assert_array_equal(
+        body.get_layer("conv_0").kernel.numpy(),
+        result.trainer.body.get_layer("conv_0").kernel.numpy(),
+    )
