@@ -98,8 +98,19 @@ def build_parser():
         "(the multi-GPU code path, without GPUs)",
     )
     dev.add_argument("--sync-bn", type=_on_off, help="on/off (default: on with >1 replica)")
-    dev.add_argument("--mixed-precision", choices=("off", "float16", "bfloat16"), default="off")
-    dev.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto")
+    dev.add_argument(
+        "--mixed-precision",
+        choices=("auto", "off", "float16", "bfloat16"),
+        default=defaults.mixed_precision,
+        help="auto: bfloat16 on GPUs of compute capability >= 8.0, float16 with loss scaling "
+        "on 7.x, off on older GPUs and the CPU",
+    )
+    dev.add_argument(
+        "--jit-compile",
+        choices=("auto", "on", "off"),
+        default=defaults.jit_compile,
+        help="XLA; auto: on for one GPU with no strategy, off on the CPU and with replicas",
+    )
     dev.add_argument(
         "--no-memory-growth",
         action="store_true",
@@ -188,7 +199,7 @@ def main(argv=None):
         if args.test_io:
             return training.test_io(config, seconds=args.test_io)
         result = training.run(config)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, training.XlaCompileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result.stopped_reason:

@@ -262,3 +262,25 @@ def test_killed_single_process_resumes_with_its_optimizer_state(longer, tmp_path
     # 32 records / batch 4 = 8 steps per epoch; the optimizer's count continues.
     assert int(dump["step"]) == 8 * 3
     assert read_metadata(str(state))["epoch"] == 3
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_mixed_precision_on_replicas_with_synchronised_batch_norm(setup, tmp_path, precision):
+    records, anchors, initial = setup
+    args = _sgd_args(
+        records, tmp_path / "run", anchors, initial, "--batch-size", "4", "--cpu-replicas", "2",
+        "--epochs", "1", "--steps-per-epoch", "6", "--mixed-precision", precision,
+    )  # fmt: skip
+    log = _run([sys.executable, str(WORKER), str(tmp_path / "dump"), "--", *args])
+    assert "2 replicas x 4 = global batch 8" in log and f"precision mixed_{precision}" in log
+    trained, dump = _weights(tmp_path / "dump/worker-0.npz")
+    # float16 runs under a dynamic loss scale that starts at 2**15 and halves, skipping
+    # the step, whenever a gradient overflows (here 5 of 6 steps: 2**15 down to 2**10).
+    assert dump["step"] == 6 if precision == "bfloat16" else 1 <= dump["step"] < 6
+    # float32 template weights, finite and moved.
+    assert all(w.dtype == np.float32 and np.all(np.isfinite(w)) for w in trained)
+    assert _max_difference(trained, _template(initial)) > 1e-3
+    # The synchronised statistics stay float32 under a 16-bit compute policy.
+    fresh = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(fresh, str(tmp_path / "run/checkpoints/last.weights.h5"))
+    assert fresh.get_layer("bn_0").moving_variance.dtype == "float32"

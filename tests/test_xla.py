@@ -193,21 +193,53 @@ def record_set(tmp_path_factory):
     return small_record_set(folder / "set", noise=8), write_anchors(folder / "anchors.txt")
 
 
-def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(record_set, tmp_path):
+@pytest.fixture
+def restore_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+# What --jit-compile auto and --mixed-precision auto give on one GPU: XLA with float32
+# (older GPUs), float16 and loss scaling (compute capability 7.x), bfloat16 (8.0 and newer).
+@pytest.mark.parametrize("precision", ["off", "float16", "bfloat16"])
+def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
+    record_set, tmp_path, restore_policy, precision
+):
     records, anchors = record_set
     args = train_args(
         records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "3",
-        "--jit-compile", "on",
+        "--jit-compile", "on", "--mixed-precision", precision,
     )  # fmt: skip
     config = train.config_from_args(train.build_parser().parse_args(args))
-    training.configure(config)
+    assert training.configure(config) == precision
     result = training.run(config, log=lambda *_: None)
     assert result.trainer.jit_compile is True
+    if precision == "float16":
+        assert isinstance(result.trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert math.isfinite(result.history["loss"][0])
     assert "input_wait_fraction" in result.history
+    keras.mixed_precision.set_global_policy("float32")  # the checkpoint loads in float32
     body = tiny_model(NUM_CLASSES, SIZE, weight_decay=5e-4)
     load_weights(body, str(tmp_path / "checkpoints/last.weights.h5"))
     np.testing.assert_array_equal(
         body.get_layer("conv_0").kernel.numpy(),
-        result.trainer.body.get_layer("conv_0").kernel.numpy(),
+        np.asarray(result.trainer.body.get_layer("conv_0").kernel.numpy(), np.float32),
     )
+
+
+def test_an_xla_compile_failure_is_one_clear_line(record_set, tmp_path, monkeypatch, capsys):
+    records, anchors = record_set
+
+    def timestamped_loss(self, *args, **kwargs):  # an op XLA has no kernel for
+        return tf.cast(tf.timestamp(), "float32") * 0.0 + original(self, *args, **kwargs)
+
+    original = YoloTrainer.compute_loss
+    monkeypatch.setattr(YoloTrainer, "compute_loss", timestamped_loss)
+    args = train_args(
+        records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "1",
+        "--jit-compile", "on", "--mixed-precision", "off",
+    )  # fmt: skip
+    assert train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: XLA could not compile the train step")
+    assert "--jit-compile off" in err[-1] and "Traceback" not in "\n".join(err)

@@ -63,30 +63,59 @@ class WorkerInfo:
     num_replicas_in_sync: int
 
 
-def configure_devices(*, gpus=None, cpu_replicas=None, memory_growth=True):
-    """Sets device visibility and layout; must run before TensorFlow initialises.
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """What :func:`configure_devices` sets: physical GPU names to keep visible (None: all),
+    those to grow memory on, and the number of logical CPUs (None: leave the CPU whole)."""
+
+    visible_gpus: tuple | None
+    memory_growth: tuple
+    logical_cpus: int | None
+
+
+def plan_devices(gpu_names, *, gpus=None, cpu_replicas=None, memory_growth=True):
+    """The :class:`DevicePlan` for the physical GPUs ``gpu_names`` (a pure function).
 
     Args:
+        gpu_names: names of the physical GPUs, in TensorFlow's order.
         gpus: keep only the first ``gpus`` GPUs visible (0 hides all); None keeps them all.
         cpu_replicas: split the CPU into this many logical devices, for
             ``make_strategy(cpu_replicas=...)``.
         memory_growth: allocate GPU memory as needed instead of all of it up front.
     """
-    physical_gpus = tf.config.list_physical_devices("GPU")
+    gpu_names = tuple(gpu_names)
     if gpus is not None:
-        _check_gpu_count(gpus, [device.name for device in physical_gpus])
+        _check_gpu_count(gpus, gpu_names)
     if cpu_replicas is not None and cpu_replicas < 1:
         raise ValueError(f"cpu_replicas must be >= 1, got {cpu_replicas}")
+    visible = gpu_names if gpus is None else gpu_names[:gpus]
+    return DevicePlan(
+        visible_gpus=None if gpus is None else visible,
+        memory_growth=visible if memory_growth else (),
+        logical_cpus=cpu_replicas,
+    )
+
+
+def configure_devices(*, gpus=None, cpu_replicas=None, memory_growth=True):
+    """Sets device visibility and layout (:func:`plan_devices`); must run before TensorFlow
+    initialises."""
+    physical_gpus = tf.config.list_physical_devices("GPU")
+    plan = plan_devices(
+        [device.name for device in physical_gpus],
+        gpus=gpus,
+        cpu_replicas=cpu_replicas,
+        memory_growth=memory_growth,
+    )
+    by_name = {device.name: device for device in physical_gpus}
     try:
-        if gpus is not None:
-            tf.config.set_visible_devices(physical_gpus[:gpus], "GPU")
-        if memory_growth:
-            for device in tf.config.get_visible_devices("GPU"):
-                tf.config.experimental.set_memory_growth(device, True)
-        if cpu_replicas is not None:
+        if plan.visible_gpus is not None:
+            tf.config.set_visible_devices([by_name[n] for n in plan.visible_gpus], "GPU")
+        for name in plan.memory_growth:
+            tf.config.experimental.set_memory_growth(by_name[name], True)
+        if plan.logical_cpus is not None:
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cpu_replicas)]
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(plan.logical_cpus)]
             )
     except RuntimeError as error:
         raise RuntimeError(
@@ -134,7 +163,15 @@ def choose_strategy_kind(env, *, gpus, cpu_replicas=None, gpu_names=()):
     return StrategyChoice(StrategyKind.ONE_GPU if num_gpus else StrategyKind.CPU, num_gpus)
 
 
-def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888):
+def mirrored_devices(choice):
+    """The device names a ``MirroredStrategy`` of ``choice`` replicates over ([] for none)."""
+    prefix = {StrategyKind.MIRRORED_CPUS: "/cpu", StrategyKind.MIRRORED_GPUS: "/gpu"}
+    if choice.kind not in prefix:
+        return []
+    return [f"{prefix[choice.kind]}:{index}" for index in range(choice.num_devices)]
+
+
+def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=None):
     """Builds the strategy :func:`choose_strategy_kind` picks for this process.
 
     A multi-worker strategy blocks until every worker has started. Under Slurm,
@@ -146,9 +183,12 @@ def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888):
     ``CUDA_VISIBLE_DEVICES`` would come after TensorFlow enumerated the GPUs, so it is off;
     give each task its own GPUs with Slurm (``--gpus-per-task``) and each worker trains on
     all the GPUs it sees (or the first ``gpus``).
+
+    ``gpu_names`` (default: the visible GPUs) lets a test take a GPU branch on a CPU.
     """
     env = os.environ
-    gpu_names = [device.name for device in tf.config.get_visible_devices("GPU")]
+    if gpu_names is None:
+        gpu_names = [device.name for device in tf.config.get_visible_devices("GPU")]
     choice = choose_strategy_kind(env, gpus=gpus, cpu_replicas=cpu_replicas, gpu_names=gpu_names)
     kind, count = choice.kind, choice.num_devices
     if kind in (StrategyKind.MULTI_WORKER_TF_CONFIG, StrategyKind.MULTI_WORKER_SLURM):
@@ -167,9 +207,8 @@ def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888):
                 f"cpu_replicas={count} needs {count} logical CPU devices, found {found}: call "
                 f"configure_devices(cpu_replicas={count}) before building any model"
             )
-        return tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(count)])
-    if kind is StrategyKind.MIRRORED_GPUS:
-        return tf.distribute.MirroredStrategy([f"/gpu:{index}" for index in range(count)])
+    if kind in (StrategyKind.MIRRORED_CPUS, StrategyKind.MIRRORED_GPUS):
+        return tf.distribute.MirroredStrategy(mirrored_devices(choice))
     if kind is StrategyKind.CPU and gpu_names:
         try:
             tf.config.set_visible_devices([], "GPU")

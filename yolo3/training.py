@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
-from yolo3 import distribute, records
+from yolo3 import devices, distribute, records
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
 from yolo3.trainer import (
@@ -61,7 +61,7 @@ class TrainConfig:
     optimizer: str = "adam"
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    mixed_precision: str = "off"
+    mixed_precision: str = "auto"  # yolo3.devices.choose_precision
     sync_bn: bool | None = None  # on with more than one replica when None
     seed: int = 0
     flip: float = 0.5
@@ -90,16 +90,26 @@ class TrainConfig:
             (self.batch_size >= 1, "--batch-size must be >= 1"),
             (self.lr > 0, "--lr must be > 0"),
             (self.optimizer in OPTIMIZERS, f"--optimizer: one of {OPTIMIZERS}"),
-            (self.mixed_precision in PRECISIONS, f"--mixed-precision: one of {list(PRECISIONS)}"),
+            (
+                self.mixed_precision in devices.MIXED_PRECISION_CHOICES,
+                f"--mixed-precision: one of {devices.MIXED_PRECISION_CHOICES}",
+            ),
             (self.lr_schedule in ("cosine", "constant"), "--lr-schedule: cosine or constant"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
-            (self.jit_compile in ("auto", "on", "off"), "--jit-compile: auto, on or off"),
+            (
+                self.jit_compile in devices.JIT_COMPILE_CHOICES,
+                f"--jit-compile: one of {devices.JIT_COMPILE_CHOICES}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         if self.freeze_body and not self.freeze_epochs:
             raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
+
+
+class XlaCompileError(RuntimeError):
+    """The train step did not compile with XLA; ``--jit-compile off`` avoids it."""
 
 
 @dataclasses.dataclass
@@ -115,13 +125,24 @@ class TrainResult:
     trainer: object = None  # the YoloTrainer; trainer.body is the template model
 
 
+def gpus_in_use(config):
+    """The :class:`yolo3.devices.GpuInfo` of the GPUs this process trains on (empty: CPU)."""
+    if config.cpu_replicas is not None or config.gpus == 0:
+        return ()
+    return devices.describe_gpus(config.gpus)
+
+
 def configure(config):
-    """Device layout and precision; must run before TensorFlow initialises its devices."""
+    """Device layout and precision; must run before TensorFlow initialises its devices.
+
+    Returns the precision in force: ``"off"``, ``"float16"`` or ``"bfloat16"``.
+    """
     distribute.configure_devices(
         gpus=config.gpus, cpu_replicas=config.cpu_replicas, memory_growth=config.memory_growth
     )
-    policy = PRECISIONS[config.mixed_precision]
-    keras.mixed_precision.set_global_policy(policy or "float32")
+    precision = devices.choose_precision(config.mixed_precision, gpus_in_use(config))
+    keras.mixed_precision.set_global_policy(PRECISIONS[precision] or "float32")
+    return precision
 
 
 def _load_initial_weights(body, config, log):
@@ -243,6 +264,10 @@ def run(config, *, log=print):
         )
     anchor_masks = default_anchor_masks(len(anchors))
     sync_bn = replicas > 1 if config.sync_bn is None else config.sync_bn
+    jit_compile = devices.choose_jit_compile(
+        config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
+    )
+    precision = keras.mixed_precision.global_policy().name
 
     checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
     backup_root = os.path.join(config.log_dir, "backup")
@@ -256,7 +281,8 @@ def run(config, *, log=print):
         f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
         f"{replicas} replicas x {config.batch_size} = global batch {global_batch}; "
         f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
-        f"sync BN {'on' if sync_bn else 'off'}; worker {info.worker_index + 1}/{info.num_workers}"
+        f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
+        f"precision {precision}; worker {info.worker_index + 1}/{info.num_workers}"
     )
 
     with strategy.scope():
@@ -283,8 +309,7 @@ def run(config, *, log=print):
             scale=trainer.lr_scale,
         )
         optimizer = make_optimizer(config.optimizer, schedule, momentum=config.momentum)
-        jit = {"auto": "auto", "on": True, "off": False}[config.jit_compile]
-        trainer.compile(optimizer=optimizer, jit_compile=jit)
+        trainer.compile(optimizer=optimizer, jit_compile=jit_compile)
         trainer.build((None, *input_hw, 3))
         # Built for every variable before any freezing, so unfreezing later and restoring
         # a backup find the slots they expect.
@@ -337,6 +362,8 @@ def run(config, *, log=print):
                     "peak_lr": peak_lr,
                     "steps_per_epoch": steps,
                     "sync_bn": sync_bn,
+                    "jit_compile": jit_compile,
+                    "precision": precision,
                 },
             },
         )
@@ -356,17 +383,26 @@ def run(config, *, log=print):
         log=log,
     )
 
-    history = trainer.fit(
-        train_data,
-        epochs=config.epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=steps,
-        validation_data=val_data,
-        validation_steps=val_steps,
-        callbacks=callback_list,
-        shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
-        verbose=config.verbose if info.is_chief else 0,
-    )
+    try:
+        history = trainer.fit(
+            train_data,
+            epochs=config.epochs,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps,
+            validation_data=val_data,
+            validation_steps=val_steps,
+            callbacks=callback_list,
+            shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
+            verbose=config.verbose if info.is_chief else 0,
+        )
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        if not jit_compile or "XLA" not in str(error):
+            raise
+        first_line = next((line for line in str(error).splitlines() if "XLA" in line), "")
+        raise XlaCompileError(
+            f"XLA could not compile the train step ({first_line.strip()}); rerun with "
+            "--jit-compile off"
+        ) from error
     epochs_done = initial_epoch + len(history.epoch)
     if history.epoch:
         epochs_done = history.epoch[-1] + 1
