@@ -112,6 +112,14 @@ def build_parser():
         help="XLA; auto: on for one GPU with no strategy, off on the CPU and with replicas",
     )
     dev.add_argument(
+        "--remat",
+        choices=training.REMAT_CHOICES,
+        default=defaults.remat,
+        help="recompute activations in the backward pass to fit larger batches, for about one "
+        "forward pass more per step: full (every Darknet unit), large (strides 1-8 only, "
+        "where most activations are), off",
+    )
+    dev.add_argument(
         "--no-memory-growth",
         action="store_true",
         help="let TensorFlow take all GPU memory up front",
@@ -178,6 +186,7 @@ def config_from_args(args):
         reduce_lr_patience=args.reduce_lr_on_plateau,
         early_stopping_patience=args.early_stopping,
         jit_compile=args.jit_compile,
+        remat=args.remat,
         gpus=args.gpus,
         cpu_replicas=args.cpu_replicas,
         memory_growth=not args.no_memory_growth,

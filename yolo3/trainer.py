@@ -21,6 +21,7 @@ from keras import ops
 
 from yolo3.loss import LOSS_TERMS, yolo_loss
 from yolo3.model import head_layer_names
+from yolo3.remat import RematForward
 from yolo3.resources import default_anchor_masks
 from yolo3.targets import build_targets
 
@@ -140,6 +141,9 @@ class YoloTrainer(keras.Model):
         num_classes: number of classes.
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
         ignore_thresh: IoU above which a background prediction is not penalised.
+        remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
+            activations in the backward pass (:class:`yolo3.remat.RematForward`) to fit
+            larger batches; the loss and gradients stay the same.
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -149,10 +153,20 @@ class YoloTrainer(keras.Model):
     """
 
     def __init__(
-        self, body, *, anchors, num_classes, anchor_masks=None, ignore_thresh=0.5, **kwargs
+        self,
+        body,
+        *,
+        anchors,
+        num_classes,
+        anchor_masks=None,
+        ignore_thresh=0.5,
+        remat="off",
+        **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
         self.body = body
+        self.remat = remat
+        self._remat_forward = None if remat == "off" else RematForward(body, remat)
         self.anchors = np.asarray(anchors, np.float32)
         self.num_classes = int(num_classes)
         self.anchor_masks = tuple(
@@ -215,6 +229,8 @@ class YoloTrainer(keras.Model):
     def call(self, images, training=False):
         if keras.backend.standardize_dtype(images.dtype) == "uint8":
             images = ops.cast(images, self.compute_dtype) / 255.0
+        if training and self._remat_forward is not None:
+            return self._remat_forward(images)
         return self.body(images, training=training)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

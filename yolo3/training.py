@@ -26,6 +26,7 @@ import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
 from yolo3 import devices, distribute, records
 from yolo3.model import MODEL_TYPES, build_model
+from yolo3.remat import REMAT_CHOICES
 from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
 from yolo3.trainer import (
     OPTIMIZERS,
@@ -74,6 +75,7 @@ class TrainConfig:
     reduce_lr_patience: int | None = None
     early_stopping_patience: int | None = None
     jit_compile: str = "auto"
+    remat: str = "off"  # yolo3.remat: recompute activations in the backward pass
     gpus: int | None = None
     cpu_replicas: int | None = None
     memory_growth: bool = True
@@ -100,6 +102,7 @@ class TrainConfig:
                 self.jit_compile in devices.JIT_COMPILE_CHOICES,
                 f"--jit-compile: one of {devices.JIT_COMPILE_CHOICES}",
             ),
+            (self.remat in REMAT_CHOICES, f"--remat: one of {REMAT_CHOICES}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -282,7 +285,8 @@ def run(config, *, log=print):
         f"{replicas} replicas x {config.batch_size} = global batch {global_batch}; "
         f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
         f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
-        f"precision {precision}; worker {info.worker_index + 1}/{info.num_workers}"
+        f"precision {precision}; remat {config.remat}; "
+        f"worker {info.worker_index + 1}/{info.num_workers}"
     )
 
     with strategy.scope():
@@ -300,6 +304,7 @@ def run(config, *, log=print):
             num_classes=num_classes,
             anchor_masks=anchor_masks,
             ignore_thresh=config.ignore_thresh,
+            remat=config.remat,
         )
         schedule = WarmupSchedule(
             peak_lr,
