@@ -2,6 +2,7 @@
 that the io benchmark times."""
 
 import colorsys
+import dataclasses
 import importlib.util
 import json
 import math
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yolo3 import benchmark, benchmark_scaling, benchmark_train, original_input
+from yolo3 import benchmark, benchmark_scaling, benchmark_train, devices, original_input
 from yolo3.resources import read_anchors
 from yolo3.targets import build_targets
 
@@ -83,17 +84,151 @@ def test_io_prints_every_row_with_finite_positive_figures(tmp_path, capsys):
     assert all(ratio["value"] > 0 for ratio in saved["ratios"].values())
 
 
-def test_train_prints_both_steps_and_the_overhead(tmp_path, capsys):
+def _check_speed(row, train_flops, config):
+    """Step time, model FLOP/s and MFU agree with the row's images/s, the FLOPs per image and
+    the peak (on the CPU only a given one)."""
+    assert row["step_ms"] == pytest.approx(1000 * config["batch_size"] / row["images_per_second"])
+    assert row["achieved_tflops"] == pytest.approx(train_flops * row["images_per_second"] / 1e12)
+    assert row["achieved_tflops"] > 0
+    peak = config["peak_tflops"]
+    assert row["peak_tflops"] == peak
+    assert row["mfu"] == (None if peak is None else pytest.approx(row["achieved_tflops"] / peak))
+
+
+def _check_train(output, saved, variants, remat):
+    """Every table of the train benchmark is printed and saved, with consistent figures."""
+    _check_rows(output, TRAIN_ROWS)
+    assert re.search(r"^overhead of targets \+ loss, .* <= 15% +(PASS|MISS)$", output, re.M)
+    # The full step trained on real targets: its loss is a finite positive number.
+    assert all(0 < run["loss"] < math.inf for run in saved["rows"]["full"]["runs"])
+    config, flops = saved["config"], saved["flops"]
+    # tiny at 64 px: 0.129 GFLOPs forward per image (tiny at 416 scaled by (64 / 416)^2,
+    # the heads a little smaller with 3 classes); the train step 3 times that.
+    assert 0.1e9 < flops["forward_per_image"] < 0.14e9
+    assert flops["train_step_per_image"] == 3 * flops["forward_per_image"]
+    assert f"{flops['forward_per_image'] / 1e9:.3f} GFLOPs forward per image" in output
+    for row in saved["rows"].values():
+        _check_speed(row, flops["train_step_per_image"], config)
+    assert set(saved["variants"]) == set(variants)
+    for key, row in saved["variants"].items():
+        assert "error" not in row, row
+        assert key == f"{row['precision']}_xla_{row['xla']}"
+        _check_speed(row, flops["train_step_per_image"], config)
+        _check_rows(output, [re.escape(row["label"])])
+    # The float32 variant at (a)'s XLA setting is (a) itself.
+    assert saved["variants"]["float32_xla_off"]["runs"] == saved["rows"]["full"]["runs"]
+    assert set(saved["memory"]) == set(remat)
+    for remat_setting, row in saved["memory"].items():
+        _check_speed(row, flops["train_step_per_image"], config)
+        assert row["peak_rss_bytes"] > row["rss_before_steps_bytes"] > 0
+        assert row["rss_growth_bytes"] == row["peak_rss_bytes"] - row["rss_before_steps_bytes"]
+        line = re.search(rf"^remat {remat_setting} .*$", output, re.M).group(0)
+        assert f"{row['peak_rss_bytes'] / 2**20:.0f}" in line.split()
+
+
+def test_train_prints_the_steps_variants_flops_and_memory(tmp_path, capsys):
     json_path = tmp_path / "train.json"
-    argv = ["train", *SMALL_STEP, "--json", str(json_path)]
+    argv = ["train", *SMALL_STEP, "--precisions", "float32", "bfloat16", "--xla", "off"]
+    assert _load_tool("benchmark").main([*argv, "--json", str(json_path)]) == 0
+
+    output = capsys.readouterr().out
+    saved = _check_json(json_path, ("full", "loss_only", "bare"))
+    _check_train(output, saved, ("float32_xla_off", "bfloat16_xla_off"), ("off",))
+    assert "no MFU" in output
+
+
+@pytest.mark.slow
+def test_train_variants_with_xla_and_float16_against_a_given_peak(tmp_path, capsys):
+    json_path = tmp_path / "train.json"
+    argv = ["train", *SMALL_STEP, "--precisions", "float32", "float16", "--xla", "off", "on"]
+    argv += ["--peak-tflops", "2", "--json", str(json_path)]
     assert _load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
-    _check_rows(output, TRAIN_ROWS)
-    assert re.search(r"^overhead of targets \+ loss, .* <= 15% +(PASS|MISS)$", output, re.M)
     saved = _check_json(json_path, ("full", "loss_only", "bare"))
-    # The full step trained on real targets: its loss is a finite positive number.
-    assert all(0 < run["loss"] < math.inf for run in saved["rows"]["full"]["runs"])
+    variants = ("float32_xla_off", "float32_xla_on", "float16_xla_off", "float16_xla_on")
+    _check_train(output, saved, variants, ("off",))
+    assert saved["rows"]["full"]["mfu"] > 0
+    assert "MFU against 2 TFLOP/s (--peak-tflops)" in output
+
+
+def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
+    json_path = tmp_path / "train.json"
+    argv = ["train", *SMALL_STEP, "--precisions", "float32", "--xla", "off"]
+    argv += ["--remat", "off", "full", "--json", str(json_path)]
+    assert _load_tool("benchmark").main(argv) == 0
+
+    saved = _check_json(json_path, ("full", "loss_only", "bare"))
+    _check_train(capsys.readouterr().out, saved, ("float32_xla_off",), ("off", "full"))
+
+
+def test_speed_figures_and_mfu_by_hand():
+    config = benchmark_train.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=8)
+    h100 = devices.GpuInfo("/physical_device:GPU:0", "NVIDIA H100 80GB HBM3", (9, 0))
+    speed = benchmark_train._peak(config, (h100,), "bfloat16") | {"train_flops": 16.7e9}
+    assert speed["peak_tflops"] == 989.4
+    row = {"images_per_second": 4000.0}
+    benchmark_train._add_speed(row, config, speed)
+    # 8 images at 4000/s: 2 ms a step; 16.7 GFLOPs x 4000/s = 66.8 TFLOP/s, 6.75% of 989.4.
+    assert row["step_ms"] == pytest.approx(2.0)
+    assert row["achieved_tflops"] == pytest.approx(66.8)
+    assert row["mfu"] == pytest.approx(66.8 / 989.4)
+    # A given peak wins over the data sheet; the CPU has none.
+    given = dataclasses.replace(config, peak_tflops=100.0)
+    assert benchmark_train._peak(given, (h100,), "float32")["peak_tflops"] == 100.0
+    assert benchmark_train._peak(config, (), "float32") == {
+        "peak_tflops": None,
+        "peak_source": None,
+    }
+
+
+def test_format_train_shows_gpu_memory_and_a_variant_that_failed():
+    config = benchmark_train.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=2)
+    speed = {"peak_tflops": 10.0, "peak_source": "--peak-tflops", "train_flops": 5e9}
+    run = {"images_per_second": 200.0, "cpu_ms_per_image": 9.0, "loss": 1.0}
+    memory = {"peak_rss_bytes": 3 * 2**30, "rss_before_steps_bytes": 2**30}
+    memory |= {"gpu_peak_bytes": 5 * 2**30, "gpu_in_use_bytes": 2**30}
+
+    def row(label, extra=None):
+        summary = benchmark.summarize(label, [run | (extra or {})], 2)
+        benchmark_train._add_speed(summary, config, speed)
+        return summary
+
+    rows = {kind: row(f"({kind})") for kind in benchmark_train.KINDS}
+    failed = {"precision": "float16", "xla": "on", "label": "float16, XLA on"}
+    result = {
+        "command": "benchmark train",
+        "machine": {"cores": 2, "cpu": "cpu", "gpus": ["GPU:0"], "python": "3", "tensorflow": "2"},
+        "load_average_start": None,
+        "load_average_end": None,
+        "config": dataclasses.asdict(config),
+        "flops": {"forward_per_image": 5e9 / 3, "train_step_per_image": 5e9},
+        "rows": rows,
+        "jit_compile": True,
+        "ratios": {},
+        "variants": {
+            "float32_xla_on": {"precision": "float32", "xla": "on", **row("float32, XLA on")},
+            "float16_xla_on": failed | {"error": "InternalError: no kernel"},
+        },
+        "memory": {"off": row("remat off", memory)},
+    }
+    result["machine"] |= {"keras": "3", "numpy": "2", "pillow": "1"}
+    result["flops"]["train_step_factor"] = 3
+    result["memory"]["off"] |= memory | {"rss_growth_bytes": 2 * 2**30}
+    text = benchmark_train.format_train(result)
+    # 200 images/s x 5 GFLOPs = 1 TFLOP/s, 10% of the given 10; batch 2 at 200/s: 10 ms.
+    assert re.search(r"^float32, XLA on +200\.0 +- +- +10\.0 +1 +10%$", text, re.M)
+    assert re.search(r"^float16, XLA on +failed", text, re.M)
+    assert "  float16, XLA on: InternalError: no kernel" in text
+    assert "MFU against 10 TFLOP/s (--peak-tflops)" in text
+    # MiB: peak RSS 3072, growth 2048, GPU peak 5120, in use before the steps 1024.
+    assert re.search(r"^remat off +200\.0 +10\.0 +1 +3072 +2048 +5120 +1024$", text, re.M)
+
+
+def test_precisions_default_to_float16_only_with_a_gpu():
+    gpu = devices.GpuInfo("/physical_device:GPU:0", "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert benchmark_train.default_precisions(()) == ("float32", "bfloat16")
+    assert benchmark_train.default_precisions((gpu,)) == ("float32", "bfloat16", "float16")
 
 
 @pytest.mark.slow
@@ -147,6 +282,17 @@ def test_configs_reject_settings_they_cannot_run():
         benchmark_train.TrainStepConfig(anchors=tiny_anchors, input_size=100)
     with pytest.raises(ValueError, match="--steps 0 must be >= 1"):
         benchmark_train.TrainStepConfig(anchors=tiny_anchors, steps=0)
+    with pytest.raises(ValueError, match="--precisions float32 float32: give each of"):
+        benchmark_train.TrainStepConfig(anchors=tiny_anchors, precisions=("float32", "float32"))
+    with pytest.raises(ValueError, match=r"--xla \(none\): give each of \['off', 'on'\]"):
+        benchmark_train.TrainStepConfig(anchors=tiny_anchors, xla=())
+    with pytest.raises(ValueError, match="--remat some: give each of"):
+        benchmark_train.TrainStepConfig(anchors=tiny_anchors, remat=["some"])
+    with pytest.raises(ValueError, match="--peak-tflops 0 must be > 0"):
+        benchmark_train.TrainStepConfig(anchors=tiny_anchors, peak_tflops=0)
+    # Read back from JSON, the lists become tuples again.
+    read_back = benchmark_train.TrainStepConfig(anchors=tiny_anchors, remat=["off", "full"])
+    assert read_back.remat == ("off", "full")
     step = benchmark_train.TrainStepConfig(anchors=tiny_anchors)
     with pytest.raises(ValueError, match="--workers 1: compare at least 2"):
         benchmark_scaling.ScalingConfig(step=step, workers=1)

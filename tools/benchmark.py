@@ -2,6 +2,7 @@
 
     python tools/benchmark.py io [--images 200] [--repeats 3] [--json io.json]
     python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
+        [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
 
 ``io`` (:mod:`yolo3.benchmark_io`): images/s of the original keras-yolo3 on-the-fly input
@@ -12,8 +13,10 @@ About a minute on 2 cores.
 
 ``train`` (:mod:`yolo3.benchmark_train`): images/s of the full training step (targets built
 in the step, loss, gradients, update) against the bare network with a trivial loss, on one
-in-memory batch; the overhead of targets and loss. About 4 minutes for tiny at 416 on 2
-cores.
+in-memory batch; the overhead of targets and loss. The full step again in each of
+``--precisions`` with XLA off and on (``--xla``), with the model TFLOP/s achieved (FLOPs
+counted from the convolutions) and the MFU where the peak is known, and its peak memory
+for each ``--remat`` setting, one process each.
 
 ``scaling`` (:mod:`yolo3.benchmark_scaling`): images/s of the training step in one process
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
@@ -160,9 +163,21 @@ def _step_config(args, **extra):
 
 
 def _run_train(args):
-    from yolo3.benchmark_train import format_train, run_train  # noqa: PLC0415
+    from yolo3.benchmark_train import (  # noqa: PLC0415
+        default_precisions,
+        format_train,
+        run_train,
+    )
+    from yolo3.devices import describe_gpus  # noqa: PLC0415
 
-    config = _step_config(args, max_boxes=args.max_boxes)
+    config = _step_config(
+        args,
+        max_boxes=args.max_boxes,
+        precisions=tuple(args.precisions or default_precisions(describe_gpus())),
+        xla=tuple(args.xla),
+        remat=tuple(args.remat),
+        peak_tflops=args.peak_tflops,
+    )
     result = run_train(config, command=args.command, log=_log)
     return _report(result, format_train(result), args.json)
 
@@ -193,14 +208,46 @@ def _add_model_flags(parser, *, input_size, steps, warmup_steps, repeats):
 def _add_train(subparsers):
     parser = subparsers.add_parser(
         "train",
-        help="full train step (targets + loss) vs the bare network, images/s",
+        help="full train step (targets + loss) vs the bare network; precisions, XLA, "
+        "FLOP/s and peak memory",
         description="Images/s of YoloTrainer's train step (targets built in the step, "
         "yolo_loss, gradients, update) against the bare network with a trivial loss, on "
-        "one in-memory batch; prints the overhead of targets + loss.",
+        "one in-memory batch; prints the overhead of targets + loss, the step in each "
+        "precision with and without XLA (model TFLOP/s and MFU), and its peak memory per "
+        "remat setting.",
     )
     _add_model_flags(parser, input_size=416, steps=1, warmup_steps=2, repeats=15)
     parser.add_argument(
         "--max-boxes", type=int, default=100, help="padded box rows per image (100)"
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=("float32", "bfloat16", "float16"),
+        help="precisions of the (a) variants, each timed with every --xla setting; bfloat16 "
+        "and float16 are Keras's mixed policies (default: float32 bfloat16, and float16 too "
+        "when a GPU is visible: the CPU has no fast float16 kernels)",
+    )
+    parser.add_argument(
+        "--xla",
+        nargs="+",
+        choices=("off", "on"),
+        default=["off", "on"],
+        help="jit_compile settings of the (a) variants (default: off on)",
+    )
+    parser.add_argument(
+        "--remat",
+        nargs="+",
+        choices=("off", "full", "large"),
+        default=["off"],
+        help="train.py --remat settings; each trains (a) in a process of its own for its peak "
+        "memory (default: off)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the device's peak TFLOP/s, for the MFU of every row (default: the GPU's data "
+        "sheet figure where yolo3.devices knows it; no MFU on the CPU)",
     )
     parser.set_defaults(handler=_run_train)
 
