@@ -162,6 +162,23 @@ def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
     _check_train(capsys.readouterr().out, saved, ("float32_xla_off",), ("off", "full"))
 
 
+def test_memory_round_reads_the_accelerator_allocator(monkeypatch):
+    """The branch a GPU takes, forced with the CPU's allocator (which reports zeros)."""
+    anchors = tuple(map(tuple, read_anchors(ROOT / "model_data" / "tiny_yolo_anchors.txt")))
+    config = benchmark_train.TrainStepConfig(
+        anchors=anchors, input_size=64, batch_size=2, num_classes=3, steps=1, warmup_steps=1
+    )
+    monkeypatch.setattr(benchmark_train, "_MEMORY_STEPS", {})
+    first = benchmark_train._memory_round(config, "large", 0, device="CPU:0")
+    second = benchmark_train._memory_round(config, "large", 1, device="CPU:0")
+    for figures in (first, second):
+        assert figures["gpu_peak_bytes"] >= 0 and figures["gpu_in_use_bytes"] >= 0
+        assert figures["peak_rss_bytes"] >= figures["rss_before_steps_bytes"] > 0
+    assert 0 < second["loss"] < math.inf
+    # Without a device (the CPU's default) there are no allocator figures.
+    assert "gpu_peak_bytes" not in benchmark_train._memory_round(config, "large", 2)
+
+
 def test_speed_figures_and_mfu_by_hand():
     config = benchmark_train.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=8)
     h100 = devices.GpuInfo("/physical_device:GPU:0", "NVIDIA H100 80GB HBM3", (9, 0))

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from yolo3.devices import GpuInfo, choose_jit_compile, choose_precision, peak_tflops
+from yolo3.devices import (
+    GpuInfo,
+    choose_jit_compile,
+    choose_precision,
+    describe_gpus,
+    peak_tflops,
+)
 from yolo3.distribute import (
     StrategyChoice,
     StrategyKind,
@@ -74,6 +80,26 @@ def test_peak_flops_of_known_gpus():
     assert peak_tflops(V100, "float16") == pytest.approx(125.0)
     assert peak_tflops(V100, "bfloat16") is None
     assert peak_tflops(UNREPORTED, "float32") is None
+
+
+def test_describe_gpus_reads_name_and_capability(monkeypatch):
+    """The one query of TensorFlow, on what it reports for two GPUs (one without details)."""
+    import tensorflow as tf
+
+    devices = [
+        tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU"),
+        tf.config.PhysicalDevice("/physical_device:GPU:1", "GPU"),
+    ]
+    details = {
+        devices[0]: {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": (9, 0)},
+        devices[1]: {},
+    }
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: devices)
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", details.__getitem__)
+    assert describe_gpus() == (H100, GpuInfo("/physical_device:GPU:1"))
+    assert describe_gpus(1) == (H100,)
+    assert choose_precision("auto", describe_gpus(1)) == "bfloat16"
+    assert choose_precision("auto", describe_gpus()) == "off"  # one GPU reports nothing
 
 
 def test_device_plan_for_gpus():

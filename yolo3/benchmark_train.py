@@ -318,17 +318,22 @@ def _peak_rss_bytes():
 _MEMORY_STEPS = {}  # remat setting -> (trainer, iterator, memory figures before the steps)
 
 
-def _memory_round(config, remat, repeat):
+def _memory_round(config, remat, repeat, device=None):
     """Runs in the memory process of ``remat`` (:func:`yolo3.benchmark.run_round_robin`):
     builds and warms up (a) on the first call, then times ``config.steps`` steps.
+
+    ``device`` is the accelerator whose allocator is read (default: ``GPU:0`` where a GPU is
+    visible, else none); a test passes ``CPU:0`` to run that branch without a GPU.
 
     Returns:
         The figures of :func:`_time_steps` with the process's ``peak_rss_bytes`` so far,
         ``rss_before_steps_bytes`` (after building, before the first step) and
-        ``rss_growth_bytes`` (the difference), and on a GPU ``gpu_peak_bytes`` (allocator
-        peak during this call's steps) and ``gpu_in_use_bytes`` (just before them).
+        ``rss_growth_bytes`` (the difference), and with a device ``gpu_peak_bytes``
+        (allocator peak during this call's steps) and ``gpu_in_use_bytes`` (just before them).
     """
     gpus = tf.config.list_physical_devices("GPU")
+    if device is None and gpus:
+        device = "GPU:0"
     if repeat == 0:
         # Several memory processes share the GPU: none may reserve all of it.
         for gpu in gpus:
@@ -337,9 +342,9 @@ def _memory_round(config, remat, repeat):
         before = _rss_bytes()
         _MEMORY_STEPS[remat] = (trainer, _warm_up(trainer, dataset, config), before)
     trainer, iterator, before = _MEMORY_STEPS[remat]
-    if gpus:
-        tf.config.experimental.reset_memory_stats("GPU:0")
-        in_use = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    if device:
+        tf.config.experimental.reset_memory_stats(device)
+        in_use = tf.config.experimental.get_memory_info(device)["current"]
     figures = _time_steps(trainer, iterator, config)
     peak = _peak_rss_bytes()
     figures.update(
@@ -347,8 +352,8 @@ def _memory_round(config, remat, repeat):
         rss_before_steps_bytes=before,
         rss_growth_bytes=None if before is None else peak - before,
     )
-    if gpus:
-        figures["gpu_peak_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    if device:
+        figures["gpu_peak_bytes"] = tf.config.experimental.get_memory_info(device)["peak"]
         figures["gpu_in_use_bytes"] = in_use
     return figures
 
