@@ -2,6 +2,9 @@
 batch-norm statistics as without, on one device and on four replicas."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,6 +21,7 @@ from yolo3.trainer import YoloTrainer
 from yolo3.weights import load_weights
 
 NUM_CLASSES = 2
+REPLICAS_SCRIPT = Path(__file__).with_name("remat_replicas.py")
 YOLOV3_ANCHORS = np.array([[4, 6], [6, 8], [8, 10], [10, 14], [16, 16], [24, 30], [30, 40],
                            [40, 36], [56, 60]], np.float32)  # fmt: skip
 
@@ -131,41 +135,23 @@ def test_the_step_compiles_with_xla_and_gives_the_same_loss():
     assert np.linalg.norm(flat - plain_flat) <= 0.1 * np.linalg.norm(plain_flat)
 
 
-def _fit_on_replicas(remat, images, boxes):
-    """One SGD step on the conftest's four logical CPUs, each replica's own batch norm: the
-    loss, the weight change and the moving statistics."""
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
-    keras.utils.set_random_seed(0)
-    with strategy.scope():
-        body = tiny_model(NUM_CLASSES, SIZE)
-        trainer = YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, remat=remat)
-        trainer.compile(optimizer=keras.optimizers.SGD(1.0))
-    before = [v.numpy() for v in body.trainable_variables]
-    dataset = tf.data.Dataset.from_tensors((images, boxes))
-    history = trainer.fit(dataset, epochs=1, verbose=0, shuffle=False).history
-    change = [v.numpy() - b for v, b in zip(body.trainable_variables, before)]
-    return history["loss"][0], change, [v.numpy() for v in body.non_trainable_variables]
+def test_four_replicas_step_as_without_and_sync_bn_is_refused(tmp_path):
+    result_path = tmp_path / "replicas.npz"
+    command = [sys.executable, str(REPLICAS_SCRIPT), str(result_path)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = dict(np.load(result_path))
 
+    def values(remat, kind):
+        count = sum(name.startswith(f"{remat}_{kind}_") for name in result)
+        return [result[f"{remat}_{kind}_{index}"] for index in range(count)]
 
-def test_four_replicas_step_as_without():
-    rng = np.random.default_rng(4)
-    images = rng.integers(0, 256, (8, SIZE, SIZE, 3), dtype=np.uint8)
-    boxes = random_boxes(rng, 8, 4, SIZE, NUM_CLASSES)
-    plain_loss, plain_change, plain_stats = _fit_on_replicas("off", images, boxes)
-    loss, change, stats = _fit_on_replicas("full", images, boxes)
-    assert loss == pytest.approx(plain_loss, rel=1e-6)
-    _assert_close(change, plain_change, "weight change")
-    _assert_close(stats, plain_stats, "moving statistic")
-
-
-def test_synchronised_batch_norm_on_replicas_is_refused():
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
-    with strategy.scope():
-        body = tiny_model(NUM_CLASSES, SIZE, synchronized_bn=True)
-        with pytest.raises(ValueError, match="--remat full with synchronised batch norm on 4"):
-            YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, remat="full")
+    assert float(result["full_loss"]) == pytest.approx(float(result["off_loss"]), rel=1e-6)
+    _assert_close(values("full", "change"), values("off", "change"), "weight change")
+    _assert_close(values("full", "statistic"), values("off", "statistic"), "moving statistic")
+    assert "--remat full with synchronised batch norm on 4 replicas" in str(result["sync_bn_error"])
     # One replica: the same layers are plain batch norm, and recompute.
-    assert RematForward(body, "full").segments
+    assert RematForward(tiny_model(NUM_CLASSES, SIZE, synchronized_bn=True), "full").segments
 
 
 @pytest.fixture(scope="module")
