@@ -39,7 +39,7 @@ UNREPORTED = GpuInfo("/physical_device:GPU:0")
 @pytest.mark.parametrize(
     ("gpus", "expected"),
     [
-        ((), "off"),  # the CPU: no speed-up from 16-bit compute
+        ((), "off"),  # the CPU: float32 unless asked (few CPUs have fast 16-bit kernels)
         ((A100,), "bfloat16"),
         ((H100,), "bfloat16"),
         ((V100,), "float16"),

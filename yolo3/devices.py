@@ -7,7 +7,8 @@ each branch a GPU takes is tested on a CPU by passing a description; only
 - ``--mixed-precision auto``: bfloat16 where every GPU in use has compute capability 8.0 or
   newer (Ampere, Hopper: bfloat16 tensor cores, float32's range, no loss scaling), float16
   with loss scaling on 7.x (Volta, Turing: float16 tensor cores only), off on older GPUs,
-  on GPUs that report no capability, and on the CPU (no speed-up there).
+  on GPUs that report no capability, and on the CPU (most CPUs have no fast 16-bit
+  kernels; where one has, ``--mixed-precision bfloat16`` asks for it).
 - ``--jit-compile auto``: XLA on for one GPU with no strategy, as Keras decides; off on the
   CPU and under every multi-replica strategy. ``on`` is refused where it cannot compile:
   XLA compiles a step for one device, so ``MirroredStrategy``'s replicas on several devices
