@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yolo3 import benchmark, benchmark_scaling, benchmark_train, devices, original_input
+from benchmarks import harness, original_input, scaling, train_step
+from yolo3 import devices
 from yolo3.resources import read_anchors
 from yolo3.targets import build_targets
 
@@ -165,53 +166,53 @@ def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
 def test_memory_round_reads_the_accelerator_allocator(monkeypatch):
     """The branch a GPU takes, forced with the CPU's allocator (which reports zeros)."""
     anchors = tuple(map(tuple, read_anchors(ROOT / "model_data" / "tiny_yolo_anchors.txt")))
-    config = benchmark_train.TrainStepConfig(
+    config = train_step.TrainStepConfig(
         anchors=anchors, input_size=64, batch_size=2, num_classes=3, steps=1, warmup_steps=1
     )
-    monkeypatch.setattr(benchmark_train, "_MEMORY_STEPS", {})
-    first = benchmark_train._memory_round(config, "large", 0, device="CPU:0")
-    second = benchmark_train._memory_round(config, "large", 1, device="CPU:0")
+    monkeypatch.setattr(train_step, "_MEMORY_STEPS", {})
+    first = train_step._memory_round(config, "large", 0, device="CPU:0")
+    second = train_step._memory_round(config, "large", 1, device="CPU:0")
     for figures in (first, second):
         assert figures["gpu_peak_bytes"] >= 0 and figures["gpu_in_use_bytes"] >= 0
         assert figures["peak_rss_bytes"] >= figures["rss_before_steps_bytes"] > 0
     assert 0 < second["loss"] < math.inf
     # Without a device (the CPU's default) there are no allocator figures.
-    assert "gpu_peak_bytes" not in benchmark_train._memory_round(config, "large", 2)
+    assert "gpu_peak_bytes" not in train_step._memory_round(config, "large", 2)
 
 
 def test_speed_figures_and_mfu_by_hand():
-    config = benchmark_train.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=8)
+    config = train_step.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=8)
     h100 = devices.GpuInfo("/physical_device:GPU:0", "NVIDIA H100 80GB HBM3", (9, 0))
-    speed = benchmark_train._peak(config, (h100,), "bfloat16") | {"train_flops": 16.7e9}
+    speed = train_step._peak(config, (h100,), "bfloat16") | {"train_flops": 16.7e9}
     assert speed["peak_tflops"] == 989.4
     row = {"images_per_second": 4000.0}
-    benchmark_train._add_speed(row, config, speed)
+    train_step._add_speed(row, config, speed)
     # 8 images at 4000/s: 2 ms a step; 16.7 GFLOPs x 4000/s = 66.8 TFLOP/s, 6.75% of 989.4.
     assert row["step_ms"] == pytest.approx(2.0)
     assert row["achieved_tflops"] == pytest.approx(66.8)
     assert row["mfu"] == pytest.approx(66.8 / 989.4)
     # A given peak wins over the data sheet; the CPU has none.
     given = dataclasses.replace(config, peak_tflops=100.0)
-    assert benchmark_train._peak(given, (h100,), "float32")["peak_tflops"] == 100.0
-    assert benchmark_train._peak(config, (), "float32") == {
+    assert train_step._peak(given, (h100,), "float32")["peak_tflops"] == 100.0
+    assert train_step._peak(config, (), "float32") == {
         "peak_tflops": None,
         "peak_source": None,
     }
 
 
 def test_format_train_shows_gpu_memory_and_a_variant_that_failed():
-    config = benchmark_train.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=2)
+    config = train_step.TrainStepConfig(anchors=((10, 14),) * 6, batch_size=2)
     speed = {"peak_tflops": 10.0, "peak_source": "--peak-tflops", "train_flops": 5e9}
     run = {"images_per_second": 200.0, "cpu_ms_per_image": 9.0, "loss": 1.0}
     memory = {"peak_rss_bytes": 3 * 2**30, "rss_before_steps_bytes": 2**30}
     memory |= {"gpu_peak_bytes": 5 * 2**30, "gpu_in_use_bytes": 2**30}
 
     def row(label, extra=None):
-        summary = benchmark.summarize(label, [run | (extra or {})], 2)
-        benchmark_train._add_speed(summary, config, speed)
+        summary = harness.summarize(label, [run | (extra or {})], 2)
+        train_step._add_speed(summary, config, speed)
         return summary
 
-    rows = {kind: row(f"({kind})") for kind in benchmark_train.KINDS}
+    rows = {kind: row(f"({kind})") for kind in train_step.KINDS}
     failed = {"precision": "float16", "xla": "on", "label": "float16, XLA on"}
     result = {
         "command": "benchmark train",
@@ -232,7 +233,7 @@ def test_format_train_shows_gpu_memory_and_a_variant_that_failed():
     result["machine"] |= {"keras": "3", "numpy": "2", "pillow": "1"}
     result["flops"]["train_step_factor"] = 3
     result["memory"]["off"] |= memory | {"rss_growth_bytes": 2 * 2**30}
-    text = benchmark_train.format_train(result)
+    text = train_step.format_train(result)
     # 200 images/s x 5 GFLOPs = 1 TFLOP/s, 10% of the given 10; batch 2 at 200/s: 10 ms.
     assert re.search(r"^float32, XLA on +200\.0 +- +- +10\.0 +1 +10%$", text, re.M)
     assert re.search(r"^float16, XLA on +failed", text, re.M)
@@ -244,8 +245,8 @@ def test_format_train_shows_gpu_memory_and_a_variant_that_failed():
 
 def test_precisions_default_to_float16_only_with_a_gpu():
     gpu = devices.GpuInfo("/physical_device:GPU:0", "NVIDIA A100-SXM4-40GB", (8, 0))
-    assert benchmark_train.default_precisions(()) == ("float32", "bfloat16")
-    assert benchmark_train.default_precisions((gpu,)) == ("float32", "bfloat16", "float16")
+    assert train_step.default_precisions(()) == ("float32", "bfloat16")
+    assert train_step.default_precisions((gpu,)) == ("float32", "bfloat16", "float16")
 
 
 @pytest.mark.slow
@@ -272,7 +273,7 @@ def test_scaling_combines_workers_in_lockstep():
         {"windows": [{"steps": 3, "seconds": 1.5, "cpu_seconds": 1.5}]},
         {"windows": [{"steps": 3, "seconds": 2.0, "cpu_seconds": 2.5}]},
     ]
-    (figures,) = benchmark_scaling._windows(results, batch_size=4)
+    (figures,) = scaling._windows(results, batch_size=4)
     assert figures["images_per_second"] == pytest.approx(12.0)
     assert figures["cpu_ms_per_image"] == pytest.approx(4000 / 24)
 
@@ -283,39 +284,39 @@ def test_overhead_is_the_median_of_the_ratios_within_rounds():
     # Median of 25, 25, 25, 10 = 25%. CPU: 60/50, 60/50, 30/25, 55/50 -> median 20%.
     full = _runs([8.0, 4.0, 8.0, 10.0], [60.0, 60.0, 30.0, 55.0])
     bare = _runs([10.0, 5.0, 10.0, 11.0], [50.0, 50.0, 25.0, 50.0])
-    ratio = benchmark_train._overhead("overhead", full, bare, 0.15)
+    ratio = train_step._overhead("overhead", full, bare, 0.15)
     assert ratio["value"] == pytest.approx(0.25) and ratio["cpu_value"] == pytest.approx(0.2)
     assert ratio["passed"] is False
-    assert benchmark._cells(ratio) == ["+25.0%", "+20.0%", "<= 15%", "MISS"]
-    info = benchmark_train._overhead("loss", full, bare, None)
-    assert info["passed"] is None and benchmark._cells(info)[2:] == ["-", "info"]
+    assert harness._cells(ratio) == ["+25.0%", "+20.0%", "<= 15%", "MISS"]
+    info = train_step._overhead("loss", full, bare, None)
+    assert info["passed"] is None and harness._cells(info)[2:] == ["-", "info"]
 
 
 def test_configs_reject_settings_they_cannot_run():
     tiny_anchors = ((10, 14),) * 6
     with pytest.raises(ValueError, match="--model yolov3 needs 9 anchors; 6 given"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, model="yolov3")
+        train_step.TrainStepConfig(anchors=tiny_anchors, model="yolov3")
     with pytest.raises(ValueError, match="--input-size 100 is not a positive multiple of 32"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, input_size=100)
+        train_step.TrainStepConfig(anchors=tiny_anchors, input_size=100)
     with pytest.raises(ValueError, match="--steps 0 must be >= 1"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, steps=0)
+        train_step.TrainStepConfig(anchors=tiny_anchors, steps=0)
     with pytest.raises(ValueError, match="--precisions float32 float32: give each of"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, precisions=("float32", "float32"))
+        train_step.TrainStepConfig(anchors=tiny_anchors, precisions=("float32", "float32"))
     with pytest.raises(ValueError, match=r"--xla \(none\): give each of \['off', 'on'\]"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, xla=())
+        train_step.TrainStepConfig(anchors=tiny_anchors, xla=())
     with pytest.raises(ValueError, match="--remat some: give each of"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, remat=["some"])
+        train_step.TrainStepConfig(anchors=tiny_anchors, remat=["some"])
     with pytest.raises(ValueError, match="--peak-tflops 0 must be > 0"):
-        benchmark_train.TrainStepConfig(anchors=tiny_anchors, peak_tflops=0)
+        train_step.TrainStepConfig(anchors=tiny_anchors, peak_tflops=0)
     # Read back from JSON, the lists become tuples again.
-    read_back = benchmark_train.TrainStepConfig(anchors=tiny_anchors, remat=["off", "full"])
+    read_back = train_step.TrainStepConfig(anchors=tiny_anchors, remat=["off", "full"])
     assert read_back.remat == ("off", "full")
-    step = benchmark_train.TrainStepConfig(anchors=tiny_anchors)
+    step = train_step.TrainStepConfig(anchors=tiny_anchors)
     with pytest.raises(ValueError, match="--workers 1: compare at least 2"):
-        benchmark_scaling.ScalingConfig(step=step, workers=1)
+        scaling.ScalingConfig(step=step, workers=1)
     too_many = len(os.sched_getaffinity(0)) + 1
     with pytest.raises(ValueError, match=f"{too_many} workers need {too_many} cores to pin to"):
-        benchmark_scaling._cores(too_many)
+        scaling._cores(too_many)
 
 
 def test_tool_reports_bad_flags_with_status_2(capsys):

@@ -5,20 +5,20 @@
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
 
-``io`` (:mod:`yolo3.benchmark_io`): images/s of the original keras-yolo3 on-the-fly input
+``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
 built in the train step), per core and on all cores, next to the same pipeline building
 targets in ``tf.data``, the JPEG-decode ceiling and the offline preprocessing throughput.
 About a minute on 2 cores.
 
-``train`` (:mod:`yolo3.benchmark_train`): images/s of the full training step (targets built
+``train`` (:mod:`benchmarks.train_step`): images/s of the full training step (targets built
 in the step, loss, gradients, update) against the bare network with a trivial loss, on one
 in-memory batch; the overhead of targets and loss. The full step again in each of
 ``--precisions`` with XLA off and on (``--xla``), with the model TFLOP/s achieved (FLOPs
 counted from the convolutions) and the MFU where the peak is known, and its peak memory
 for each ``--remat`` setting, one process each.
 
-``scaling`` (:mod:`yolo3.benchmark_scaling`): images/s of the training step in one process
+``scaling`` (:mod:`benchmarks.scaling`): images/s of the training step in one process
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
 core with one thread; the scaling efficiency. About 3 minutes on 2 cores.
 
@@ -70,7 +70,7 @@ def _log(text):
 
 
 def _run_io(args):
-    from yolo3.benchmark_io import IOConfig, format_io, run_io  # noqa: PLC0415
+    from benchmarks.io_pipeline import IOConfig, format_io, run_io  # noqa: PLC0415
     from yolo3.resources import read_anchors  # noqa: PLC0415
 
     config = IOConfig(
@@ -141,8 +141,8 @@ def _default_anchors(model):
 
 
 def _step_config(args, **extra):
-    """The :class:`yolo3.benchmark_train.TrainStepConfig` of the shared model flags."""
-    from yolo3.benchmark_train import TrainStepConfig  # noqa: PLC0415
+    """The :class:`benchmarks.train_step.TrainStepConfig` of the shared model flags."""
+    from benchmarks.train_step import TrainStepConfig  # noqa: PLC0415
     from yolo3.resources import read_anchors  # noqa: PLC0415
 
     anchors = read_anchors(args.anchors or _default_anchors(args.model))
@@ -163,7 +163,7 @@ def _step_config(args, **extra):
 
 
 def _run_train(args):
-    from yolo3.benchmark_train import (  # noqa: PLC0415
+    from benchmarks.train_step import (  # noqa: PLC0415
         default_precisions,
         format_train,
         run_train,
@@ -253,7 +253,7 @@ def _add_train(subparsers):
 
 
 def _run_scaling(args):
-    from yolo3.benchmark_scaling import ScalingConfig, format_scaling, run_scaling  # noqa: PLC0415
+    from benchmarks.scaling import ScalingConfig, format_scaling, run_scaling  # noqa: PLC0415
 
     config = ScalingConfig(
         step=_step_config(args),

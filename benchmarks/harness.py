@@ -1,8 +1,8 @@
-"""What the benchmarks of ``tools/benchmark.py`` share: processes, timing and the report.
+"""What the benchmarks of ``tools/harness.py`` share: processes, timing and the report.
 
-Subcommands, one module each: :mod:`yolo3.benchmark_io` (input pipeline),
-:mod:`yolo3.benchmark_train` (train step against the bare network) and
-:mod:`yolo3.benchmark_scaling` (one process against two workers).
+Subcommands, one module each: :mod:`benchmarks.io_pipeline` (input pipeline),
+:mod:`benchmarks.train_step` (train step against the bare network) and
+:mod:`benchmarks.scaling` (one process against two workers).
 
 Measurements run in spawned processes (:func:`run_round_robin`, :func:`run_spawned`), so
 thread limits set there take effect before TensorFlow starts and nothing else runs in them;

@@ -46,7 +46,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from yolo3 import benchmark, devices, model, synthetic
+from benchmarks import harness
+from yolo3 import devices, model, synthetic
 from yolo3.flops import TRAIN_STEP_FACTOR, count_flops
 from yolo3.remat import REMAT_CHOICES
 from yolo3.targets import build_targets
@@ -319,7 +320,7 @@ _MEMORY_STEPS = {}  # remat setting -> (trainer, iterator, memory figures before
 
 
 def _memory_round(config, remat, repeat, device=None):
-    """Runs in the memory process of ``remat`` (:func:`yolo3.benchmark.run_round_robin`):
+    """Runs in the memory process of ``remat`` (:func:`benchmarks.harness.run_round_robin`):
     builds and warms up (a) on the first call, then times ``config.steps`` steps.
 
     ``device`` is the accelerator whose allocator is read (default: ``GPU:0`` where a GPU is
@@ -374,15 +375,15 @@ def run_train(config, *, command="", log=print, progress=True):
     gpus = devices.describe_gpus()
     result = {
         "command": command,
-        "machine": benchmark.machine_info(),
-        "load_average_start": benchmark.load_average(),
+        "machine": harness.machine_info(),
+        "load_average_start": harness.load_average(),
         "config": dataclasses.asdict(config),
     }
     log(
         f"measuring {config.model} at {config.input_size}, {config.repeats} rounds; "
         f"precisions {' '.join(config.precisions)}, XLA {' '.join(config.xla)}"
     )
-    measured = benchmark.run_spawned(_measure, config=config, progress=progress)
+    measured = harness.run_spawned(_measure, config=config, progress=progress)
     runs = measured["runs"]
     forward = measured["forward_flops"]
     train_flops = TRAIN_STEP_FACTOR * forward
@@ -403,7 +404,7 @@ def run_train(config, *, command="", log=print, progress=True):
     }
     rows = {}
     for kind in KINDS:
-        rows[kind] = benchmark.summarize(labels[kind], runs[kind], cores)
+        rows[kind] = harness.summarize(labels[kind], runs[kind], cores)
         _add_speed(rows[kind], config, speed["float32"])
     result["rows"] = rows
     result["jit_compile"] = measured["jit_compile"]
@@ -421,12 +422,12 @@ def run_train(config, *, command="", log=print, progress=True):
         if source is None:
             row = {"label": label, "error": measured["errors"][key]}
         else:
-            row = benchmark.summarize(label, runs[source], cores)
+            row = harness.summarize(label, runs[source], cores)
             _add_speed(row, config, speed[precision])
         result["variants"][key] = {"precision": precision, "xla": xla, **row}
 
     log(f"measuring memory: remat {' '.join(config.remat)}, one process each")
-    memory_runs = benchmark.run_round_robin(
+    memory_runs = harness.run_round_robin(
         {
             remat: (None, True, _memory_round, {"config": config, "remat": remat})
             for remat in config.remat
@@ -438,7 +439,7 @@ def run_train(config, *, command="", log=print, progress=True):
         remat: _memory_row(f"remat {remat}", memory_runs[remat], cores, config, speed["float32"])
         for remat in config.remat
     }
-    result["load_average_end"] = benchmark.load_average()
+    result["load_average_end"] = harness.load_average()
     return result
 
 
@@ -469,7 +470,7 @@ def _add_speed(row, config, speed):
 
 def _memory_row(label, runs, cores, config, speed):
     """The row of a remat setting: speed, and the memory peaks over all its rounds."""
-    row = benchmark.summarize(label, runs, cores)
+    row = harness.summarize(label, runs, cores)
     _add_speed(row, config, speed)
     row["peak_rss_bytes"] = max(run["peak_rss_bytes"] for run in runs)
     row["rss_before_steps_bytes"] = runs[0]["rss_before_steps_bytes"]
@@ -492,7 +493,7 @@ def _overhead(label, row, bare, goal):
     pairs = list(zip(row["runs"], bare["runs"]))
     value = statistics.median(b["images_per_second"] / r["images_per_second"] for r, b in pairs)
     cpu_value = statistics.median(r["cpu_ms_per_image"] / b["cpu_ms_per_image"] for r, b in pairs)
-    return benchmark.make_ratio(label, value - 1, cpu_value - 1, goal, benchmark.OVERHEAD)
+    return harness.make_ratio(label, value - 1, cpu_value - 1, goal, harness.OVERHEAD)
 
 
 def _table(title, columns, lines):
@@ -556,7 +557,7 @@ def format_train(result):
             "ratios within a round; one in-memory batch, no input pipeline",
         ),
     ]
-    lines = [benchmark.format_report(result, details), ""]
+    lines = [harness.format_report(result, details), ""]
     variants = []
     for row in result["variants"].values():
         if "error" in row:

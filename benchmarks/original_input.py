@@ -6,7 +6,7 @@ Python generator: per image, in one thread, open and decode with Pillow, then
 jitter in float64 through matplotlib's ``rgb_to_hsv`` / ``hsv_to_rgb``), and once per batch
 ``preprocess_true_boxes``, a Python loop over images, boxes and levels. It is kept line for
 line where it matters for speed: float64 images and matplotlib's boolean-mask colour
-conversions. :mod:`yolo3.benchmark_io` times it against the record-set pipeline.
+conversions. :mod:`benchmarks.io_pipeline` times it against the record-set pipeline.
 """
 
 import numpy as np

@@ -19,7 +19,7 @@ figures are of the step and its communication, not of reading. After the warm-up
 
 Scaling efficiency = (two-worker images/s) / (2 x one-process images/s).
 
-Each process runs this module: ``python -m yolo3.benchmark_scaling CONFIG.json RESULT.json``.
+Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT.json``.
 """
 
 import dataclasses
@@ -35,8 +35,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from yolo3 import benchmark, distribute
-from yolo3.benchmark_train import TrainStepConfig, build_step
+from benchmarks import harness
+from benchmarks.train_step import TrainStepConfig, build_step
+from yolo3 import distribute
 
 GOAL_EFFICIENCY = 0.90
 SYNC_BN_CHOICES = ("auto", "on", "off")
@@ -207,8 +208,8 @@ def run_scaling(config, *, command="", log=print):
     """
     result = {
         "command": command,
-        "machine": benchmark.machine_info(),
-        "load_average_start": benchmark.load_average(),
+        "machine": harness.machine_info(),
+        "load_average_start": harness.load_average(),
         "config": dataclasses.asdict(config),
     }
     _cores(config.workers)
@@ -222,10 +223,10 @@ def run_scaling(config, *, command="", log=print):
                 result[f"sync_bn_{key}"] = results[0]["sync_bn"]
     batch, workers = config.step.batch_size, config.workers
     rows = {
-        "single": benchmark.summarize(
+        "single": harness.summarize(
             f"1 process, 1 core, 1 thread, batch {batch}", runs["single"], 1
         ),
-        "workers": benchmark.summarize(
+        "workers": harness.summarize(
             f"{workers} workers (MultiWorkerMirroredStrategy), 1 core and 1 thread each, "
             f"batch {batch} each",
             runs["workers"],
@@ -235,15 +236,15 @@ def run_scaling(config, *, command="", log=print):
     result["rows"] = rows
     single, multi = rows["single"], rows["workers"]
     result["ratios"] = {
-        "efficiency": benchmark.make_ratio(
+        "efficiency": harness.make_ratio(
             f"scaling efficiency, {workers} workers / ({workers} x 1 process)",
             multi["images_per_second"] / (workers * single["images_per_second"]),
             single["cpu_ms_per_image"] / multi["cpu_ms_per_image"],
             GOAL_EFFICIENCY,
-            benchmark.FRACTION,
+            harness.FRACTION,
         )
     }
-    result["load_average_end"] = benchmark.load_average()
+    result["load_average_end"] = harness.load_average()
     return result
 
 
@@ -272,7 +273,7 @@ def format_scaling(result):
             "1 process first, then the workers, each a fresh set of processes",
         ),
     ]
-    return benchmark.format_report(result, details)
+    return harness.format_report(result, details)
 
 
 # ---------------------------------------------------------------------------------------

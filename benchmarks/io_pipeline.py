@@ -2,18 +2,18 @@
 
 :func:`run_io` generates 640x480 JPEGs of shapes with boxes, then measures images/s of:
 
-(a) the original keras-yolo3 input (:mod:`yolo3.original_input`): per image in one Python
+(a) the original keras-yolo3 input (:mod:`benchmarks.original_input`): per image in one Python
     thread, decode with Pillow, ``get_random_data``, then ``preprocess_true_boxes`` once
     per batch; it hands the model float64 images *and targets built on the host*;
 (b) :func:`yolo3.data.make_dataset` with ``targets=False``, what training reads, over a
     record set written once by :func:`yolo3.preprocess.run` (not timed), on one thread and
     on all cores: uint8 images and padded boxes. Scaling and target building are left to
-    the train step on the accelerator (``python tools/benchmark.py train`` measures what
+    the train step on the accelerator (``python tools/harness.py train`` measures what
     they cost there), so this row does less host work than (a);
 (b') the same with ``targets=True``: targets built in ``tf.data`` on the host, as (a) does;
 (c) the ceiling for one thread: ``tf.io.decode_jpeg`` of the same records' images;
 and the throughput of :func:`yolo3.preprocess.run` itself for each worker count.
-Measurements run in processes of their own, round-robin (:mod:`yolo3.benchmark`).
+Measurements run in processes of their own, round-robin (:mod:`benchmarks.harness`).
 """
 
 import dataclasses
@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from yolo3 import annotations, benchmark, original_input, synthetic
+from benchmarks import harness, original_input
+from yolo3 import annotations, synthetic
 
 # Goals of the record-set pipeline, per core: against the original, and against decoding.
 GOAL_VS_ORIGINAL = 20.0
@@ -283,8 +284,8 @@ def run_io(config, *, command="", log=print):
     cores = os.cpu_count() or 1
     result = {
         "command": command,
-        "machine": benchmark.machine_info(),
-        "load_average_start": benchmark.load_average(),
+        "machine": harness.machine_info(),
+        "load_average_start": harness.load_average(),
         "config": dataclasses.asdict(config),
     }
     with tempfile.TemporaryDirectory(prefix="yolo3-io-") as temp:
@@ -298,11 +299,11 @@ def run_io(config, *, command="", log=print):
             config, annotation_path, class_names, directory, log
         )
         log(f"measuring, {config.repeats} repeats")
-        runs = benchmark.run_round_robin(
+        runs = harness.run_round_robin(
             _measurements(config, lines, records_dir), repeats=config.repeats, log=log
         )
 
-    summarize = benchmark.summarize
+    summarize = harness.summarize
     left = "targets left to the train step"
     rows = {
         "original": summarize(
@@ -328,7 +329,7 @@ def run_io(config, *, command="", log=print):
             workers,
         )
     result["rows"] = rows
-    ratio = benchmark.speed_ratio
+    ratio = harness.speed_ratio
     result["ratios"] = {
         "records_vs_original": ratio(
             "(b)/(a), 1 thread each", rows["records_1"], rows["original"], GOAL_VS_ORIGINAL
@@ -338,7 +339,7 @@ def run_io(config, *, command="", log=print):
             rows["records_1"],
             rows["decode_1"],
             GOAL_VS_DECODE,
-            benchmark.FRACTION,
+            harness.FRACTION,
         ),
         "records_targets_vs_original": ratio(
             "(b')/(a), 1 thread each, both building targets",
@@ -347,7 +348,7 @@ def run_io(config, *, command="", log=print):
             GOAL_VS_ORIGINAL,
         ),
     }
-    result["load_average_end"] = benchmark.load_average()
+    result["load_average_end"] = harness.load_average()
     return result
 
 
@@ -369,4 +370,4 @@ def format_io(result):
             "batches; preprocessing 1 run",
         ),
     ]
-    return benchmark.format_report(result, details)
+    return harness.format_report(result, details)
