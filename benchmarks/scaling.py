@@ -37,7 +37,7 @@ from keras import ops
 
 from benchmarks import harness
 from benchmarks.train_step import TrainStepConfig, build_step
-from yolo3 import distribute
+from yolo3 import distribute, fileio
 
 GOAL_EFFICIENCY = 0.90
 SYNC_BN_CHOICES = ("auto", "on", "off")
@@ -119,8 +119,7 @@ def _run_job(config, workers, directory, log):
     """Starts ``workers`` pinned processes (one: no TF_CONFIG) and returns their results."""
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(dataclasses.asdict(config), f)
+    fileio.write_json(config_path, dataclasses.asdict(config))
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
     try:
@@ -322,17 +321,16 @@ def worker_main(argv):
         shuffle=False,
         callbacks=[timer],
     )
-    with open(result_path, "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "windows": timer.windows,
-                "sync_bn": sync_bn,
-                "replicas": replicas,
-                "worker_index": info.worker_index,
-                "affinity": sorted(os.sched_getaffinity(0)),
-            },
-            f,
-        )
+    fileio.write_json(
+        result_path,
+        {
+            "windows": timer.windows,
+            "sync_bn": sync_bn,
+            "replicas": replicas,
+            "worker_index": info.worker_index,
+            "affinity": sorted(os.sched_getaffinity(0)),
+        },
+    )
     return 0
 
 

@@ -14,7 +14,8 @@ import shutil
 import h5py
 import keras
 
-from yolo3.weights import METADATA_KEY, atomic_write, read_metadata
+from yolo3.fileio import atomic_write
+from yolo3.weights import METADATA_KEY, read_metadata
 
 BACKUP = "backup.weights.h5"
 

@@ -1,8 +1,9 @@
 """Checkpoints of the single-device template model, and the training state for ``--resume``.
 
 Files in the checkpoint folder (the chief worker's; the other workers of a multi-worker job
-save the same files into a scratch folder that is deleted, because reading some distributed
-variables is a collective that every worker must join):
+save the same files through :func:`yolo3.distribute.chief_only_path` into scratch folders
+that are deleted, because reading some distributed variables is a collective that every
+worker must join):
 
 ``last.weights.h5``           the bare ``yolo_body`` after the latest epoch
 ``best.weights.h5``           the bare ``yolo_body`` with the lowest ``monitor`` (val_loss)
@@ -18,13 +19,13 @@ file that looks complete but is not. The template files load with
 import json
 import math
 import os
-import shutil
-import tempfile
 
 import h5py
 import keras
 
-from yolo3.weights import METADATA_KEY, atomic_write, read_metadata, save_weights
+from yolo3 import distribute
+from yolo3.fileio import atomic_write
+from yolo3.weights import METADATA_KEY, read_metadata, save_weights
 
 LAST = "last.weights.h5"
 BEST = "best.weights.h5"
@@ -62,8 +63,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         self, directory, body, *, worker=None, every=None, monitor="val_loss", metadata=None
     ):
         super().__init__()
-        self.is_chief = worker is None or worker.is_chief
-        self.target = directory
+        self.worker = worker or distribute.WorkerInfo(True, 0, 1, 1)
         self.directory = directory
         self.body = body
         self.every = every
@@ -76,20 +76,17 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         best = os.path.join(self.directory, BEST)
         if os.path.exists(best):  # a resumed run keeps the best it had found
             self.best = read_metadata(best).get("logs", {}).get(self.monitor, math.inf)
-        if self.is_chief:
+        if self.worker.is_chief:
             os.makedirs(self.directory, exist_ok=True)
-        else:
-            self.directory = tempfile.mkdtemp(prefix="yolo3-worker-checkpoints-")
 
-    def on_train_end(self, logs=None):
-        if not self.is_chief:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = self.target
+    def _where(self, name):
+        """Where this worker writes ``name``: the checkpoint folder on the chief."""
+        return distribute.chief_only_path(os.path.join(self.directory, name), self.worker)
 
     def _save_template(self, name, metadata):
-        path = os.path.join(self.directory, name)
-        save_weights(self.body, path, metadata)
-        if self.is_chief:
+        with self._where(name) as path:
+            save_weights(self.body, path, metadata)
+        if self.worker.is_chief:
             self.saved.append(path)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -105,8 +102,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             self._save_template(BEST, metadata)
         if self.every and finished % self.every == 0:
             self._save_template(f"epoch-{finished:04d}.weights.h5", metadata)
-        path = os.path.join(self.directory, STATE)
-        with atomic_write(path) as temp:
+        with self._where(STATE) as path, atomic_write(path) as temp:
             self.model.save_weights(temp)
             with h5py.File(temp, "a") as f:
                 state = {**metadata, "best": self.best if math.isfinite(self.best) else None}

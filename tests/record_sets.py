@@ -5,7 +5,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from yolo3 import records
+from yolo3 import fileio, records
 
 CLASSES = ("circle", "square")
 
@@ -81,5 +81,5 @@ def write_record_set(
         splits=entries,
         **manifest_extra,
     )
-    records.write_json(f"{directory}/{records.MANIFEST}", manifest)
+    fileio.write_json(f"{directory}/{records.MANIFEST}", manifest)
     return directory

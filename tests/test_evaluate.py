@@ -8,7 +8,7 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from yolo3 import evaluate
+from yolo3 import evaluate, fileio
 from yolo3.evaluate import (
     evaluate_coco,
     evaluate_voc,
@@ -16,7 +16,6 @@ from yolo3.evaluate import (
     match_detections,
     result_to_json,
     voc_ap,
-    write_coco_json,
 )
 from yolo3.plots import class_colors, draw_gallery, plot_pr_curve
 
@@ -354,7 +353,9 @@ def test_written_coco_files_evaluate_the_same(tmp_path):
     ground_truth, detections = coco_scene()
     detections[1] = found([C, [40, 50, 90, 90]], [0.7, 0.6], [0, 1])
     gt_path, det_path = tmp_path / "gt.json", tmp_path / "det.json"
-    write_coco_json(ground_truth, detections, gt_path, det_path, num_classes=2)
+    dataset, results = evaluate.to_coco(ground_truth, detections, num_classes=2)
+    fileio.write_json(gt_path, dataset)
+    fileio.write_json(det_path, results)
     coco_truth = COCO(str(gt_path))
     coco_eval = COCOeval(coco_truth, coco_truth.loadRes(str(det_path)), iouType="bbox")
     coco_eval.evaluate()

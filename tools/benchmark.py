@@ -32,7 +32,6 @@ Exit status: 0 on success, 1 when a benchmark process failed, 2 on bad usage.
 """
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -58,9 +57,9 @@ def _report(result, text, json_path):
     print()
     print(text)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        from yolo3 import fileio  # noqa: PLC0415
+
+        fileio.write_json(json_path, result)
         print(f"\nfigures written to {json_path}")
     return 0
 

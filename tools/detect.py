@@ -13,7 +13,6 @@ flags, unusable weights, anchors or classes).
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from yolo3 import fileio  # noqa: E402
 from yolo3.detect import Detector, draw_detections  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
-from yolo3.weights import atomic_write  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -206,12 +205,6 @@ def expand_inputs(inputs, report, output_dir):
     return images, videos
 
 
-def write_json_atomic(path, data):
-    """Writes ``data`` as JSON to a temporary file beside ``path``, then renames it over."""
-    with atomic_write(path) as temp, open(temp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-
-
 def main(argv=None):
     parser = build_parser()
     try:
@@ -243,7 +236,7 @@ def main(argv=None):
             run.video(video, args.video_stride)
         except OSError as err:
             run.error(video, str(err))
-    write_json_atomic(
+    fileio.write_json(
         output_dir / "detections.json",
         {
             "weights": str(args.weights),

@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import validate  # noqa: E402
+from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
 from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
-from yolo3.weights import atomic_write, load_weights, read_metadata  # noqa: E402
+from yolo3.weights import load_weights, read_metadata  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,7 +34,7 @@ import re
 import numpy as np
 
 from yolo3 import fileio
-from yolo3.weights import atomic_write
+from yolo3.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -26,14 +26,11 @@ import contextlib
 import copy
 import dataclasses
 import io
-import json
 from collections.abc import Mapping
 
 import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
-
-from yolo3.weights import atomic_write
 
 TRUE_POSITIVE, FALSE_POSITIVE, IGNORED = 1, 0, -1
 
@@ -384,22 +381,6 @@ def evaluate_coco(ground_truth, detections, *, num_classes, class_names=None, ve
     }
     metrics["notes"] = notes
     return metrics
-
-
-def write_coco_json(
-    ground_truth, detections, ground_truth_path, detections_path, *, num_classes, class_names=None
-):
-    """Writes the :func:`to_coco` structures as a COCO annotation file and a results file.
-
-    The results file is the list ``COCO.loadRes`` reads (it refuses an empty list). Each file
-    is written atomically.
-    """
-    dataset, results = to_coco(
-        ground_truth, detections, num_classes=num_classes, class_names=class_names
-    )
-    for path, content in ((ground_truth_path, dataset), (detections_path, results)):
-        with atomic_write(path) as temp, open(temp, "w", encoding="utf-8") as f:
-            json.dump(content, f)
 
 
 def _pair_images(ground_truth, detections):

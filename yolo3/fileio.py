@@ -1,13 +1,18 @@
-"""File access that works for local paths and for every filesystem TensorFlow provides.
+"""File access that works for local paths and for every filesystem TensorFlow provides, and
+atomic writes (:func:`atomic_write`, :func:`write_json`): a killed job never leaves a
+half-written file under the final name.
 
 Local paths use the standard library, so preprocessing worker processes never import
 TensorFlow. A path with a scheme (``gs://bucket/...``, ``s3://``, ``hdfs://``) goes through
 ``tf.io.gfile``, imported only then.
 """
 
+import contextlib
 import glob as _glob
+import json
 import os
 import shutil
+import tempfile
 
 
 def is_remote(path):
@@ -83,3 +88,44 @@ def rmtree(path):
 def glob(pattern):
     pattern = os.fspath(pattern)
     return sorted(_gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern))
+
+
+def atomic_path(path):
+    """A temporary path beside ``path`` with the same suffix, for write-then-rename."""
+    path = str(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
+    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    os.close(fd)
+    os.remove(temp)
+    return temp
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yields a temporary path to write; renames it over ``path`` only if the block succeeds.
+
+    A run killed mid-write leaves a hidden ``.tmp-*`` file, never a half-written ``path``.
+    """
+    temp = atomic_path(path)
+    try:
+        yield temp
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def write_json(path, data, *, indent=2):
+    """Writes ``data`` as JSON with a final newline, atomically: locally through
+    :func:`atomic_write`, on a remote filesystem as a temporary file renamed over ``path``."""
+    text = json.dumps(data, indent=indent) + "\n"
+    if is_remote(path):
+        temp = f"{path}.tmp"
+        with open_file(temp, "w") as f:
+            f.write(text)
+        rename(temp, path)
+        return
+    with atomic_write(path) as temp, open(temp, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from yolo3.weights import atomic_write
+from yolo3.fileio import atomic_write
 
 TRUE_BOX_COLOR = (0, 230, 0)
 BACKGROUND = (255, 255, 255)

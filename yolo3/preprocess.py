@@ -357,9 +357,7 @@ def _prepare_output(config, overwrite):
                 f"{', '.join(changed)}); use a new --output folder or pass --overwrite"
             )
     else:
-        from yolo3.records import write_json  # noqa: PLC0415 - TensorFlow: parent only
-
-        write_json(plan_file, fingerprint)
+        fileio.write_json(plan_file, fingerprint)
     _remove(config.output, _LEFTOVERS)
     _remove(_progress_path(config), _LEFTOVERS)
 
@@ -481,7 +479,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress=True, l
                 "rejects": shard_rejects,
                 "inputs": _inputs_digest(items),
             }
-            records.write_json(_progress_path(config, name + ".json"), stats)
+            fileio.write_json(_progress_path(config, name + ".json"), stats)
     elapsed = time.perf_counter() - started
     if todo:
         log(f"rendered {todo} images in {elapsed:.1f} s ({todo / elapsed:.1f} images/s)")
@@ -537,5 +535,5 @@ def _write_manifest(config, dataset, plan, records):
     for info in manifest["splits"].values():
         info["images"] = sum(shard["images"] for shard in info["shards"])
         info["boxes"] = sum(shard["boxes"] for shard in info["shards"])
-    records.write_json(fileio.join(config.output, records.MANIFEST), manifest)
+    fileio.write_json(fileio.join(config.output, records.MANIFEST), manifest)
     return manifest

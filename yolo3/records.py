@@ -30,7 +30,6 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import fileio
-from yolo3.weights import atomic_write
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.txt"
@@ -149,20 +148,6 @@ def file_sha256(path):
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_json(path, data):
-    """Writes ``data`` as indented JSON, atomically (temp file, then rename)."""
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    if fileio.is_remote(path):
-        temp = f"{path}.tmp"
-        with fileio.open_file(temp, "w") as f:
-            f.write(text)
-        fileio.rename(temp, path)
-        return
-    with atomic_write(path) as temp:
-        with open(temp, "w", encoding="utf-8") as f:
-            f.write(text)
 
 
 def write_shard(path, serialized_records):

@@ -14,7 +14,6 @@ Folder layout under ``--log-dir``::
 
 import dataclasses
 import json
-import math
 import os
 import time
 
@@ -24,7 +23,7 @@ import tensorflow as tf
 
 import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
-from yolo3 import devices, distribute, records
+from yolo3 import devices, distribute, fileio, records
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.remat import REMAT_CHOICES
 from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
@@ -353,7 +352,7 @@ def run(config, *, log=print):
     }
     if info.is_chief:
         os.makedirs(config.log_dir, exist_ok=True)
-        records.write_json(
+        fileio.write_json(
             os.path.join(config.log_dir, "config.json"),
             {
                 **dataclasses.asdict(config),
@@ -515,10 +514,6 @@ def read_config(path):
     data.pop("resolved", None)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in data.items() if k in fields})
-
-
-def is_finite_history(history):
-    return all(math.isfinite(v) for values in history.values() for v in values)
 
 
 def test_io(config, *, seconds, log=print):

@@ -20,8 +20,8 @@ import numpy as np
 from yolo3 import annotations as annotations_io
 from yolo3 import evaluate, fileio, plots, records
 from yolo3.detect import Detector
+from yolo3.fileio import atomic_write
 from yolo3.image import load_rgb
-from yolo3.weights import atomic_write
 
 # Detections kept per image and the lowest score considered: mAP integrates precision over
 # all recall levels, so low-scoring detections count (COCO and VOC practice).
@@ -201,7 +201,7 @@ def write_report(evaluation, output_dir, *, curves=True, gallery=True):
     summary["mAP50_voc07"] = evaluation.voc07.mean_ap
     summary["num_images"] = evaluation.num_images
     summary["skipped"] = list(evaluation.skipped)
-    records.write_json(os.path.join(output_dir, "metrics.json"), _json_safe(summary))
+    fileio.write_json(os.path.join(output_dir, "metrics.json"), _json_safe(summary))
     with atomic_write(os.path.join(output_dir, "table.txt")) as temp:
         with open(temp, "w", encoding="utf-8") as f:
             f.write(table + "\n")

@@ -9,42 +9,15 @@ from any model built by :mod:`yolo3.model` loads into any other with the same la
 Original keras-yolo3 files (Keras 2 HDF5) are read by :mod:`yolo3.legacy`.
 """
 
-import contextlib
 import json
 import os
-import tempfile
 
 import h5py
 import numpy as np
 
+from yolo3.fileio import atomic_write
+
 METADATA_KEY = "yolo3"
-
-
-def atomic_path(path):
-    """A temporary path beside ``path`` with the same suffix, for write-then-rename."""
-    path = str(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    suffix = ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
-    fd, temp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
-    os.close(fd)
-    os.remove(temp)
-    return temp
-
-
-@contextlib.contextmanager
-def atomic_write(path):
-    """Yields a temporary path to write; renames it over ``path`` only if the block succeeds.
-
-    A run killed mid-write leaves a hidden ``.tmp-*`` file, never a half-written ``path``.
-    """
-    temp = atomic_path(path)
-    try:
-        yield temp
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
 
 
 def save_weights(model, path, metadata=None):
