@@ -1,26 +1,18 @@
 """tools/voc_annotation.py and tools/coco_annotation.py on tiny hand-made data sets."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
+from helpers import load_tool
 
 from yolo3.annotations import parse_annotations
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_tool(name):
-    # tools/ is scripts, not a package: load each the way `python tools/<name>.py` runs.
-    spec = importlib.util.spec_from_file_location(f"{name}_tool", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-voc_tool = _load_tool("voc_annotation")
-coco_tool = _load_tool("coco_annotation")
+voc_tool = load_tool("voc_annotation")
+coco_tool = load_tool("coco_annotation")
 
 
 def _voc_object(name, box, difficult=None):

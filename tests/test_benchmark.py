@@ -3,7 +3,6 @@ that the io benchmark times."""
 
 import colorsys
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_tool
 
 from benchmarks import harness, original_input, scaling, train_step
 from yolo3 import devices
@@ -36,13 +36,6 @@ SCALING_ROWS = (r"1 process, 1 core, 1 thread", r"2 workers \(MultiWorkerMirrore
 # Settings small enough for a smoke test: tiny at 64 px, a few steps.
 SMALL_STEP = ["--input-size", "64", "--batch-size", "2", "--steps", "2", "--warmup-steps", "1"]
 SMALL_STEP += ["--repeats", "1", "--num-classes", "3"]
-
-
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _check_rows(output, patterns):
@@ -70,7 +63,7 @@ def test_io_prints_every_row_with_finite_positive_figures(tmp_path, capsys):
     argv = ["io", "--images", "6", "--image-size", "96x128", "--input-size", "64"]
     argv += ["--copies", "1", "--batch-size", "4", "--batches", "2", "--original-images", "4"]
     argv += ["--repeats", "2", "--workers-list", "1", "--json", str(json_path)]
-    assert _load_tool("benchmark").main(argv) == 0
+    assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
     assert "command:  python tools/benchmark.py io --images 6" in output
@@ -130,7 +123,7 @@ def _check_train(output, saved, variants, remat):
 def test_train_prints_the_steps_variants_flops_and_memory(tmp_path, capsys):
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "bfloat16", "--xla", "off"]
-    assert _load_tool("benchmark").main([*argv, "--json", str(json_path)]) == 0
+    assert load_tool("benchmark").main([*argv, "--json", str(json_path)]) == 0
 
     output = capsys.readouterr().out
     saved = _check_json(json_path, ("full", "loss_only", "bare"))
@@ -143,7 +136,7 @@ def test_train_variants_with_xla_and_float16_against_a_given_peak(tmp_path, caps
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "float16", "--xla", "off", "on"]
     argv += ["--peak-tflops", "2", "--json", str(json_path)]
-    assert _load_tool("benchmark").main(argv) == 0
+    assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
     saved = _check_json(json_path, ("full", "loss_only", "bare"))
@@ -157,7 +150,7 @@ def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "--xla", "off"]
     argv += ["--remat", "off", "full", "--json", str(json_path)]
-    assert _load_tool("benchmark").main(argv) == 0
+    assert load_tool("benchmark").main(argv) == 0
 
     saved = _check_json(json_path, ("full", "loss_only", "bare"))
     _check_train(capsys.readouterr().out, saved, ("float32_xla_off",), ("off", "full"))
@@ -253,7 +246,7 @@ def test_precisions_default_to_float16_only_with_a_gpu():
 def test_scaling_prints_one_process_two_workers_and_the_efficiency(tmp_path, capsys):
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
-    assert _load_tool("benchmark").main(argv) == 0
+    assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
     _check_rows(output, SCALING_ROWS)
@@ -320,7 +313,7 @@ def test_configs_reject_settings_they_cannot_run():
 
 
 def test_tool_reports_bad_flags_with_status_2(capsys):
-    assert _load_tool("benchmark").main(["train", "--input-size", "100"]) == 2
+    assert load_tool("benchmark").main(["train", "--input-size", "100"]) == 2
     assert "--input-size 100 is not a positive multiple of 32" in capsys.readouterr().err
 
 

@@ -4,7 +4,6 @@ Random weights (see ``darknet_files``) keep every activation O(1), so the heads 
 are ~1 in size and a 1e-4 bound means ~1e-4 relative agreement through up to 75 layers.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from darknet_files import write_cfg, write_random_weights
+from helpers import load_tool
 
 from yolo3 import darknet
 from yolo3 import weights as yolo_weights
@@ -28,15 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"tiny": (80, 128), "yolov3": (80, 128), "darknet53": (1000, 64)}
 
 
-def _load_cli():
-    # tools/ is scripts, not a package: load convert.py the way `python tools/convert.py` runs.
-    spec = importlib.util.spec_from_file_location("convert_tool", ROOT / "tools" / "convert.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-convert_tool = _load_cli()
+convert_tool = load_tool("convert")
 
 
 @dataclass

@@ -5,7 +5,6 @@ the image: one anchor of the stride-32 head is confident of class 1 ("dog") ever
 every other anchor is silent. At a 64 px input that is a 2 x 2 grid of known boxes.
 """
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from helpers import load_tool
 from PIL import Image
 
 from yolo3.detect import Detector, draw_detections
@@ -23,17 +23,7 @@ from yolo3.model import build_model
 from yolo3.resources import parse_anchors
 from yolo3.weights import save_weights
 
-
-def _load_cli():
-    """tools/ is scripts, not a package: load tools/detect.py from its path."""
-    path = Path(__file__).resolve().parents[1] / "tools" / "detect.py"
-    spec = importlib.util.spec_from_file_location("detect_cli", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-detect_cli = _load_cli()
+detect_cli = load_tool("detect")
 
 # Masks ((3, 4, 5), (0, 1, 2)): the stride-32 head's slot 0 is anchor 3, 12 x 10 px.
 ANCHORS_TEXT = "8,10, 16,20, 24,24, 12,10, 40,40, 60,60"

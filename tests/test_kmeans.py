@@ -1,10 +1,10 @@
 """IoU k-means anchors: hand-computed IoUs, recovery of known clusters, and tools/kmeans.py."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_tool
 from PIL import Image
 
 from yolo3.annotations import Entry
@@ -22,14 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CENTRES = np.array([[10.0, 20.0], [50.0, 40.0], [120.0, 200.0]])
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("kmeans_tool", ROOT / "tools" / "kmeans.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kmeans_tool = _load_tool()
+kmeans_tool = load_tool("kmeans")
 
 
 def clustered(seed=0, per_cluster=200, spread=0.05):

@@ -5,7 +5,6 @@ Every test builds its images in ``tmp_path`` and runs the real command line thro
 :func:`yolo3.records.parse_example_numpy`.
 """
 
-import importlib.util
 import json
 import re
 import signal
@@ -17,16 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import load_tool
 from PIL import Image
 
 from yolo3 import records
 from yolo3.augment import letterbox
 
 ROOT = Path(__file__).resolve().parents[1]
-# tools/ is scripts, not a package: load it the way `python tools/preprocess.py` runs.
-_spec = importlib.util.spec_from_file_location("preprocess_tool", ROOT / "tools" / "preprocess.py")
-tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tool)
+tool = load_tool("preprocess")
 SIZE = 64
 BACKGROUND = (90, 90, 90)
 COLOURS = {0: (255, 0, 0), 1: (0, 255, 0), 2: (0, 0, 255)}

@@ -1,20 +1,13 @@
 """The generated shapes data set and the README's first command, run briefly."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
+from helpers import load_tool
 
 from yolo3.synthetic import CLASS_NAMES, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_generated_boxes_are_exact_and_deterministic():
@@ -41,7 +34,7 @@ def test_generated_boxes_are_exact_and_deterministic():
 
 
 def test_quickstart_runs_end_to_end(capsys):
-    quickstart = _load_tool("quickstart")
+    quickstart = load_tool("quickstart")
     argv = ["--steps", "2", "--size", "64", "--train-images", "8", "--val-images", "2"]
     assert quickstart.main(argv + ["--batch-size", "4"]) == 0
     output = capsys.readouterr().out
@@ -49,5 +42,5 @@ def test_quickstart_runs_end_to_end(capsys):
 
 
 def test_quickstart_refuses_bad_size(capsys):
-    assert _load_tool("quickstart").main(["--size", "100"]) == 2
+    assert load_tool("quickstart").main(["--size", "100"]) == 2
     assert "--size 100 is not a multiple of 32" in capsys.readouterr().err

@@ -314,16 +314,3 @@ def count_records(records_dir, split):
     manifest = records.read_manifest(records_dir)
     records.shard_paths(records_dir, manifest, split)  # raises for a missing split
     return int(manifest["splits"][split]["records"])
-
-
-def steps_per_epoch(records_dir, split, global_batch_size, *, drop_remainder=True):
-    """Batches in one pass over ``split``: floor division when the last partial batch is
-    dropped (training, whose pipeline repeats before batching, so nothing is lost),
-    ceiling otherwise."""
-    count = count_records(records_dir, split)
-    if drop_remainder and count < global_batch_size:
-        raise ValueError(
-            f"the {split!r} split of {records_dir} has {count} records, fewer than one "
-            f"batch of {global_batch_size}; lower the batch size"
-        )
-    return count // global_batch_size if drop_remainder else -(-count // global_batch_size)
