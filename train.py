@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import training  # noqa: E402
+from yolo3.cli import KNOWN_ERRORS, fail, run_main  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -196,25 +197,18 @@ def config_from_args(args):
     )
 
 
+def _train(args):
+    config = config_from_args(args)
+    training.configure(config)
+    if args.test_io:
+        return training.test_io(config, seconds=args.test_io)
+    result = training.run(config)
+    return fail(result.stopped_reason, status=1) if result.stopped_reason else 0
+
+
 def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    try:
-        config = config_from_args(args)
-        training.configure(config)
-        if args.test_io:
-            return training.test_io(config, seconds=args.test_io)
-        result = training.run(config)
-    except (FileNotFoundError, ValueError, training.XlaCompileError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if result.stopped_reason:
-        print(f"error: {result.stopped_reason}", file=sys.stderr)
-        return 1
-    return 0
+    errors = (*KNOWN_ERRORS, training.XlaCompileError)
+    return run_main(build_parser(), argv, _train, errors=errors)
 
 
 if __name__ == "__main__":

@@ -298,20 +298,16 @@ def build_parser():
 
 
 def main(argv=None):
+    from yolo3.cli import run_main  # noqa: PLC0415
+
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    args.command = shlex.join(["python", "tools/benchmark.py", *argv])
-    try:
+    command = shlex.join(["python", "tools/benchmark.py", *argv])
+
+    def body(args):
+        args.command = command
         return args.handler(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+
+    return run_main(build_parser(), argv, body, failures=(RuntimeError,))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import darknet  # noqa: E402
+from yolo3.cli import run_main  # noqa: E402
 
 
 def build_parser():
@@ -53,21 +54,16 @@ def resolve_output(output_path, weights_only):
     )
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        output_path, kind = resolve_output(args.output_path, args.weights_only)
-        if output_path != args.output_path:
-            print(f"writing weights to {output_path} (Keras 3 weights files end with .weights.h5)")
-        input_size = "cfg" if args.fixed_size else None
-        model, info = darknet.convert(args.config_path, args.weights_path, input_size=input_size)
-        if kind == "weights":
-            darknet.write_weights(model, info, output_path)
-        else:
-            darknet.write_keras(model, output_path)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def _convert(args):
+    output_path, kind = resolve_output(args.output_path, args.weights_only)
+    if output_path != args.output_path:
+        print(f"writing weights to {output_path} (Keras 3 weights files end with .weights.h5)")
+    input_size = "cfg" if args.fixed_size else None
+    model, info = darknet.convert(args.config_path, args.weights_path, input_size=input_size)
+    if kind == "weights":
+        darknet.write_weights(model, info, output_path)
+    else:
+        darknet.write_keras(model, output_path)
     header = info["header"]
     print(
         f"converted {info['model_type']} ({info['num_classes']} classes, "
@@ -79,6 +75,10 @@ def main(argv=None):
         print(f"anchors {anchors}; masks {info['masks']}")
     print(f"wrote {kind} to {output_path}")
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, _convert)
 
 
 if __name__ == "__main__":

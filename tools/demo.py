@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from yolo3.cli import run_main  # noqa: E402
 
 
 def build_parser():
@@ -98,18 +100,13 @@ def run(args):
     return metrics
 
 
-def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    try:
-        run(args)
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+def _demo(args):
+    run(args)
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, _demo, errors=(), failures=(RuntimeError,))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import validate  # noqa: E402
+from yolo3.cli import run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
 from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
@@ -188,16 +189,7 @@ def _checkpoint_epoch(path):
 
 
 def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    try:
-        return watch(args) if args.watch else single(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_main(build_parser(), argv, lambda args: watch(args) if args.watch else single(args))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo3.cli import run_main  # noqa: E402 - standard library only, no TensorFlow
 
 
 def free_port(host="127.0.0.1"):
@@ -180,16 +184,7 @@ def _wait(processes, grace):
 
 
 def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    try:
-        return launch(args)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_main(build_parser(), argv, launch, errors=(OSError, ValueError))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import synthetic  # noqa: E402
+from yolo3.cli import run_main  # noqa: E402
 from yolo3.resources import parse_size  # noqa: E402
 
 
@@ -71,28 +72,19 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+def _make(args):
     started = time.perf_counter()
-    try:
-        config = synthetic.SceneConfig(
-            size=args.size,
-            max_objects=args.max_objects,
-            empty_fraction=args.empty_fraction,
-            min_side=args.object_size[0],
-            max_side=args.object_size[1],
-            min_visible=args.min_visible,
-        )
-        summary = synthetic.write_demo_dataset(
-            args.output, train=args.train, val=args.val, seed=args.seed, config=config
-        )
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    config = synthetic.SceneConfig(
+        size=args.size,
+        max_objects=args.max_objects,
+        empty_fraction=args.empty_fraction,
+        min_side=args.object_size[0],
+        max_side=args.object_size[1],
+        min_visible=args.min_visible,
+    )
+    summary = synthetic.write_demo_dataset(
+        args.output, train=args.train, val=args.val, seed=args.seed, config=config
+    )
     elapsed = time.perf_counter() - started
     for split in ("train", "val"):
         info = summary[split]
@@ -105,6 +97,10 @@ def main(argv=None):
         )
     print(f"wrote {', '.join(summary['files'])} in {elapsed:.1f} s")
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, _make, errors=(ValueError,))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
+from yolo3.cli import fail, run_main  # noqa: E402
 from yolo3.resources import parse_size, read_classes  # noqa: E402
 
 
@@ -144,62 +145,53 @@ def _summary(manifest, output):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+def _preprocess(args, parser):
     if args.verify:
-        try:
-            return _verify(args.verify)
-        except (FileNotFoundError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        return _verify(args.verify)
     missing = [flag for flag in ("annotations", "classes", "output") if not getattr(args, flag)]
     if missing:
         parser.print_usage(sys.stderr)
-        print(f"error: --{', --'.join(missing)} required (or --verify DIR)", file=sys.stderr)
-        return 2
-    try:
-        augment = AugmentConfig(
-            jitter=args.jitter,
-            scale=tuple(args.scale),
-            flip=args.flip,
-            hue=args.hue,
-            saturation=args.saturation,
-            value=args.value,
-        )
-        config = preprocess.PreprocessConfig(
-            annotations=tuple(args.annotations),
-            classes=tuple(read_classes(args.classes)),
-            output=args.output,
-            input_size=args.input_size,
-            copies=args.copies,
-            val_annotations=tuple(args.val_annotations),
-            val_fraction=args.val_fraction,
-            val_per_class=args.val_per_class,
-            min_images_per_class=args.min_images_per_class,
-            image_format=args.format,
-            quality=args.quality,
-            seed=args.seed,
-            shard_mb=args.shard_mb,
-            num_shards=args.num_shards,
-            image_root=args.image_root,
-            augment=augment,
-        )
-        manifest = preprocess.run(
-            config,
-            workers=args.workers,
-            overwrite=args.overwrite,
-            strict=args.strict,
-            progress=not args.no_progress,
-        )
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return fail(f"--{', --'.join(missing)} required (or --verify DIR)")
+    augment = AugmentConfig(
+        jitter=args.jitter,
+        scale=tuple(args.scale),
+        flip=args.flip,
+        hue=args.hue,
+        saturation=args.saturation,
+        value=args.value,
+    )
+    config = preprocess.PreprocessConfig(
+        annotations=tuple(args.annotations),
+        classes=tuple(read_classes(args.classes)),
+        output=args.output,
+        input_size=args.input_size,
+        copies=args.copies,
+        val_annotations=tuple(args.val_annotations),
+        val_fraction=args.val_fraction,
+        val_per_class=args.val_per_class,
+        min_images_per_class=args.min_images_per_class,
+        image_format=args.format,
+        quality=args.quality,
+        seed=args.seed,
+        shard_mb=args.shard_mb,
+        num_shards=args.num_shards,
+        image_root=args.image_root,
+        augment=augment,
+    )
+    manifest = preprocess.run(
+        config,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        strict=args.strict,
+        progress=not args.no_progress,
+    )
     print(_summary(manifest, args.output))
     return 0
+
+
+def main(argv=None):
+    parser = build_parser()
+    return run_main(parser, argv, lambda args: _preprocess(args, parser))
 
 
 if __name__ == "__main__":

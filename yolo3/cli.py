@@ -1,0 +1,40 @@
+"""The skeleton every command-line entry point shares (``train.py``, ``tools/*.py``).
+
+``main(argv=None) -> int`` of each tool is ``run_main(build_parser(), argv, body)``: argument
+errors end with argparse's own message and status, a known failure with one line,
+``error: ...``, and exit status 2 (or 1 for a run that started and failed), never a
+traceback; an unexpected error keeps its traceback, because it is a bug to report.
+"""
+
+import sys
+
+KNOWN_ERRORS = (FileNotFoundError, ValueError)
+
+
+def fail(message, status=2):
+    """Prints ``error: message`` on standard error and returns ``status``."""
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
+def run_main(parser, argv, body, *, errors=KNOWN_ERRORS, failures=()):
+    """Parses ``argv`` with ``parser`` and returns ``body(args)``'s exit status.
+
+    Args:
+        parser: the tool's ``argparse.ArgumentParser``.
+        argv: the arguments (None: ``sys.argv[1:]``).
+        body: ``body(args) -> int``, the tool's work.
+        errors: exception types that mean bad input or settings: one line, status 2.
+        failures: exception types that mean a run that started and failed: one line,
+            status 1.
+    """
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or an argument error argparse has printed
+        return int(exit_.code or 0)
+    try:
+        return body(args)
+    except errors as err:
+        return fail(err)
+    except failures as err:
+        return fail(err, status=1)
