@@ -144,10 +144,8 @@ class TrivialLossTrainer(YoloTrainer):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         del x, y, sample_weight, training
-        loss = ops.sum(ops.stack([ops.mean(ops.cast(output, "float32")) for output in y_pred]))
-        if self.losses:
-            loss = loss + ops.sum([ops.cast(reg, "float32") for reg in self.losses])
-        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+        per_image = sum(ops.mean(ops.cast(output, "float32"), axis=(1, 2, 3)) for output in y_pred)
+        return self.replica_loss(per_image)
 
 
 def build_step(

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from yolo3.loss import LOSS_TERMS, yolo_loss
+from yolo3.loss import LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.remat import RematForward
 from yolo3.resources import default_anchor_masks
@@ -258,12 +258,15 @@ class YoloTrainer(keras.Model):
         )
         for tracker, term in zip(self.term_trackers, LOSS_TERMS):
             tracker.update_state(terms[term])
-        loss = ops.mean(total)
-        if self.losses:  # weight decay; every replica adds it, hence the same scaling
-            loss = loss + ops.sum([ops.cast(reg, "float32") for reg in self.losses])
-        # The local mean over 1 / replicas: summed over replicas, the global-batch mean.
-        # Keras unscales it for the logged loss.
-        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+        return self.replica_loss(total)
+
+    def replica_loss(self, per_image):
+        """The scalar this replica differentiates: :func:`yolo3.loss.replica_loss` of
+        ``per_image`` (N, 1) over the global batch (this replica's N times the replicas, in
+        equal shares), plus the weight decay in float32. Keras unscales it for the logs."""
+        global_batch = ops.shape(per_image)[0] * tf.distribute.get_strategy().num_replicas_in_sync
+        weight_decay = [ops.cast(reg, "float32") for reg in self.losses]
+        return replica_loss(per_image, global_batch, weight_decay)
 
     @property
     def metrics(self):
