@@ -70,7 +70,6 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         self.monitor = monitor
         self.metadata = dict(metadata or {})
         self.best = math.inf
-        self.saved = []
 
     def on_train_begin(self, logs=None):
         best = os.path.join(self.directory, BEST)
@@ -86,8 +85,6 @@ class TemplateCheckpoint(keras.callbacks.Callback):
     def _save_template(self, name, metadata):
         with self._where(name) as path:
             save_weights(self.body, path, metadata)
-        if self.worker.is_chief:
-            self.saved.append(path)
 
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
