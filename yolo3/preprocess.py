@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from yolo3 import annotations as annotations_io
-from yolo3 import fileio
+from yolo3 import fileio, hygiene
 from yolo3.augment import AugmentConfig, clip_boxes, letterbox, random_augment
 from yolo3.image import to_rgb
 
@@ -263,15 +263,15 @@ def load_dataset(config):
 
     train = parse(config.annotations)
     val = parse(config.val_annotations) if config.val_annotations else []
-    classes, hygiene = list(config.classes), {}
+    classes, hygiene_report = list(config.classes), {}
     if config.min_images_per_class > 0:
-        kept, classes, report = annotations_io.drop_rare_classes(
+        kept, classes, report = hygiene.drop_rare_classes(
             train + val, classes, config.min_images_per_class
         )
         train, val = kept[: len(train)], kept[len(train) :]
-        hygiene["min_images_per_class"] = report
+        hygiene_report["min_images_per_class"] = report
     if config.val_fraction is not None or config.val_per_class is not None:
-        train, val = annotations_io.split_validation(
+        train, val = hygiene.split_validation(
             train,
             fraction=config.val_fraction,
             per_class=config.val_per_class,
@@ -280,7 +280,7 @@ def load_dataset(config):
     splits = {"train": train}
     if val:
         splits["val"] = val
-    return Dataset(classes, splits, rejects, counts, hygiene)
+    return Dataset(classes, splits, rejects, counts, hygiene_report)
 
 
 def _shard_plan(dataset, config):
