@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
 from yolo3.annotations import format_line, relative_image_path, write_annotations  # noqa: E402
+from yolo3.cli import run_main  # noqa: E402
 
 
 def build_parser():
@@ -109,8 +110,8 @@ def default_classes_output(output):
     return f"{stem}_classes.txt"
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def write_lines(args):
+    """Converts the COCO json to annotation lines and writes them with the class names."""
     try:
         data = json.loads(fileio.read_bytes(args.annotations))
         lines, class_names, counts = convert(
@@ -121,11 +122,9 @@ def main(argv=None):
             skip_empty=args.skip_empty,
         )
     except KeyError as err:
-        print(f"error: {args.annotations}: a record has no {err} field", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.annotations}: a record has no {err} field") from err
     except (OSError, ValueError, TypeError) as err:
-        print(f"error: {args.annotations}: {err}", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.annotations}: {err}") from err
     print(
         f"{counts['images']} images, {counts['boxes']} boxes in {len(class_names)} classes, "
         f"{counts['background_images']} background images"
@@ -138,6 +137,10 @@ def main(argv=None):
     write_annotations(classes_output, class_names)
     print(f"wrote {len(lines)} lines to {args.output} and the class names to {classes_output}")
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, write_lines, errors=(OSError, ValueError))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
+from yolo3.cli import run_main  # noqa: E402
 from yolo3.detect import Detector, draw_detections  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
 
@@ -205,27 +206,18 @@ def expand_inputs(inputs, report, output_dir):
     return images, videos
 
 
-def main(argv=None):
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        _check_args(parser, args)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    try:
-        detector = Detector(
-            args.weights,
-            args.anchors,
-            args.classes,
-            model_type=args.model_type,
-            input_size=args.input_size,
-            score_threshold=args.score,
-            iou_threshold=args.iou,
-            max_detections=args.max_detections,
-        )
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def detect(args):
+    """Runs the detector over the inputs; status 1 when no image or frame could be processed."""
+    detector = Detector(
+        args.weights,
+        args.anchors,
+        args.classes,
+        model_type=args.model_type,
+        input_size=args.input_size,
+        score_threshold=args.score,
+        iou_threshold=args.iou,
+        max_detections=args.max_detections,
+    )
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)
     run = Run(detector, output_dir, args.batch_size)
@@ -252,6 +244,11 @@ def main(argv=None):
         file=sys.stderr,
     )
     return 0 if run.records else 1
+
+
+def main(argv=None):
+    # Unreadable weights, anchors or classes files, or ones that do not fit together.
+    return run_main(build_parser(), argv, detect, check=_check_args, errors=(OSError, ValueError))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import kmeans  # noqa: E402
 from yolo3.annotations import parse_annotation_files, write_annotations  # noqa: E402
+from yolo3.cli import fail, run_main  # noqa: E402
 from yolo3.resources import parse_anchors, read_anchors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,36 +67,31 @@ def _report_skipped(rejects, unreadable, outside):
         print(f"  skipped {outside} boxes lying wholly outside their image")
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def _check_args(parser, args):
     if args.output and args.k not in DEFAULT_ANCHORS:
-        print(f"error: -k {args.k}: anchors files hold 6 (tiny) or 9 (yolov3)", file=sys.stderr)
-        return 2
+        parser.error(f"-k {args.k}: anchors files hold 6 (tiny) or 9 (yolov3)")
     if args.input_size < 32 or args.input_size % 32:
-        print(f"error: input size {args.input_size} is not a multiple of 32", file=sys.stderr)
-        return 2
-    try:
-        entries, rejects, counts = parse_annotation_files(
-            args.annotations, num_classes=None, image_root=args.image_root
-        )
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        parser.error(f"input size {args.input_size} is not a multiple of 32")
+
+
+def fit_anchors(args):
+    """Clusters the boxes of the annotation files; status 1 when they cannot give k anchors."""
+    entries, rejects, counts = parse_annotation_files(
+        args.annotations, num_classes=None, image_root=args.image_root
+    )
     input_hw = None if args.no_letterbox else (args.input_size, args.input_size)
     wh, unreadable, outside = kmeans.letterboxed_sizes(entries, input_hw, threads=args.threads)
     unit = "original pixels" if input_hw is None else f"pixels of a {args.input_size} px input"
     print(f"{len(wh)} boxes from {counts['images']} images, sizes in {unit}")
     _report_skipped(rejects, unreadable, outside)
     if len(wh) < args.k:
-        print(f"error: {len(wh)} boxes are too few for {args.k} anchors", file=sys.stderr)
-        return 1
+        return fail(f"{len(wh)} boxes are too few for {args.k} anchors", status=1)
     try:
         anchors, _ = kmeans.iou_kmeans(
             wh, args.k, seed=args.seed, iterations=args.iterations, restarts=args.restarts
         )
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return fail(err, status=1)
     # Report the IoU of the whole-pixel anchors that are printed and written.
     text = kmeans.format_anchors(anchors)
     written = parse_anchors(text) if args.k in DEFAULT_ANCHORS else anchors.round()
@@ -113,6 +109,12 @@ def main(argv=None):
         write_annotations(args.output, [text])
         print(f"wrote {args.output}")
     return 0
+
+
+def main(argv=None):
+    return run_main(
+        build_parser(), argv, fit_anchors, check=_check_args, errors=(OSError, ValueError)
+    )
 
 
 if __name__ == "__main__":

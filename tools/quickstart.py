@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo3.cli import run_main  # noqa: E402
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -29,12 +31,13 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def _check_args(parser, args):
     if args.size % 32:
-        print(f"error: --size {args.size} is not a multiple of 32", file=sys.stderr)
-        return 2
+        parser.error(f"--size {args.size} is not a multiple of 32")
 
+
+def tour(args):
+    """Trains on generated shapes with a hand-written loop, then detects on held-out ones."""
     import tensorflow as tf
 
     from yolo3.detect import Detector
@@ -102,6 +105,10 @@ def main(argv=None):
             )
     print(f"held-out objects found (right class, IoU >= 0.5): {found}/{total}")
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, tour, check=_check_args, errors=())
 
 
 def _iou(a, b):

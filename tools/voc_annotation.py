@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
 from yolo3.annotations import format_line, relative_image_path, write_annotations  # noqa: E402
+from yolo3.cli import fail, run_main  # noqa: E402
 from yolo3.resources import read_classes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,31 +161,30 @@ def print_summary(counts, class_names, problems):
         print(f"  ... and {len(problems) - 10} more")
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        sets = parse_sets(args.sets)
-        class_names = read_classes(args.classes)
-        lines, counts, problems = convert(
-            args.devkit,
-            sets,
-            class_names,
-            args.output,
-            include_difficult=args.difficult == "include",
-        )
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def write_lines(args):
+    """Converts the VOC sets to annotation lines; status 1 for missing XML with --strict."""
+    sets = parse_sets(args.sets)
+    class_names = read_classes(args.classes)
+    lines, counts, problems = convert(
+        args.devkit,
+        sets,
+        class_names,
+        args.output,
+        include_difficult=args.difficult == "include",
+    )
     print_summary(counts, class_names, problems)
     if problems and args.strict:
-        print(f"error: {len(problems)} XML files missing or unreadable (--strict)", file=sys.stderr)
-        return 1
+        return fail(f"{len(problems)} XML files missing or unreadable (--strict)", status=1)
     write_annotations(args.output, lines)
     print(f"wrote {len(lines)} lines to {args.output}")
     if args.classes_output:
         write_annotations(args.classes_output, class_names)
         print(f"wrote {len(class_names)} class names to {args.classes_output}")
     return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, write_lines, errors=(OSError, ValueError))
 
 
 if __name__ == "__main__":

@@ -17,19 +17,23 @@ def fail(message, status=2):
     return status
 
 
-def run_main(parser, argv, body, *, errors=KNOWN_ERRORS, failures=()):
+def run_main(parser, argv, body, *, check=None, errors=KNOWN_ERRORS, failures=()):
     """Parses ``argv`` with ``parser`` and returns ``body(args)``'s exit status.
 
     Args:
         parser: the tool's ``argparse.ArgumentParser``.
         argv: the arguments (None: ``sys.argv[1:]``).
         body: ``body(args) -> int``, the tool's work.
+        check: ``check(parser, args)``, run after parsing: checks across arguments that
+            end, as argparse's own errors do, with ``parser.error``.
         errors: exception types that mean bad input or settings: one line, status 2.
         failures: exception types that mean a run that started and failed: one line,
             status 1.
     """
     try:
         args = parser.parse_args(argv)
+        if check is not None:
+            check(parser, args)
     except SystemExit as exit_:  # --help, or an argument error argparse has printed
         return int(exit_.code or 0)
     try:
