@@ -19,11 +19,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import tensorflow as tf  # noqa: E402
 
+from yolo3.distribute import configure_devices  # noqa: E402
+
 REPLICAS = 4
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration() for _ in range(REPLICAS)],
-)
+configure_devices(gpus=0, cpu_replicas=REPLICAS)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

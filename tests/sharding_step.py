@@ -1,12 +1,16 @@
-"""One SGD step of tiny-YOLOv3 on N logical CPU replicas; run as a script by test_sharding.
+"""One SGD step of YoloTrainer on N logical CPU replicas; run as a script by test_sharding.
 
 TensorFlow lets a process run collectives for only one device group, so each replica count
 gets a process of its own.
 
     python tests/sharding_step.py REPLICAS PROBLEM.npz RESULT.npz
 
-REPLICAS 0 means no strategy (one device). The result holds the trainable weights after a
-step with the per-image loss (``per_image_*``) and with a local-mean scalar (``local_mean_*``).
+REPLICAS 0 means no strategy (one device). The step is the trainer's own, run by
+``model.fit`` as ``train.py`` runs it: batch norm in training mode, synchronised across
+replicas when there are several (as ``train.py`` does by default). The result holds the
+trainable weights after the step with the trainer's loss reduction (``per_image_*``) and
+with the original's scalar mean over the local batch (``local_mean_*``). The network runs in
+float64, so that the layouts differ by rounding only.
 """
 
 import os
@@ -24,43 +28,34 @@ LEARNING_RATE = 0.01
 
 
 def run(replicas, images, boxes, initial):
+    import keras
     from helpers import SMALL_ANCHORS, tiny_model
 
-    from yolo3.loss import replica_loss, yolo_loss
-    from yolo3.targets import build_targets
+    from yolo3.trainer import YoloTrainer
 
+    class LocalMeanTrainer(YoloTrainer):
+        """The original's reduction: each replica differentiates its local batch mean."""
+
+        def replica_loss(self, per_image):
+            return tf.reduce_mean(per_image)
+
+    # A float64 network: in float32 a rounding difference between layouts can move an
+    # activation across LeakyReLU's kink and reroute a gradient (see test_train_distributed).
+    keras.backend.set_floatx("float64")
     if replicas:
-        devices = [f"/cpu:{i}" for i in range(replicas)]
-        strategy = tf.distribute.MirroredStrategy(devices)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     else:
         strategy = tf.distribute.get_strategy()
-    global_batch = len(images)
-    dataset = tf.data.Dataset.from_tensor_slices((images, boxes)).batch(global_batch)
-    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    dataset = tf.data.Dataset.from_tensor_slices((images, boxes)).batch(len(images))
     results = {}
-    for per_image in (True, False):
+    for name, trainer_class in (("per_image", YoloTrainer), ("local_mean", LocalMeanTrainer)):
         with strategy.scope():
-            model = tiny_model(size=SIZE)
-            model.set_weights(initial)
-            optimizer = tf.keras.optimizers.SGD(LEARNING_RATE)
-            optimizer.build(model.trainable_variables)
-
-        def replica_step(images, boxes, model=model, optimizer=optimizer, per_image=per_image):
-            targets = build_targets(
-                boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=2
-            )
-            with tf.GradientTape() as tape:
-                # Moving batch-norm statistics: the comparison isolates the loss reduction.
-                outputs = model(images, training=False)
-                total, _ = yolo_loss(targets, outputs, anchors=SMALL_ANCHORS, num_classes=2)
-                # The original's scalar is a mean over the local batch only.
-                loss = replica_loss(total, global_batch) if per_image else tf.reduce_mean(total)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-        tf.function(lambda b, step=replica_step: strategy.run(step, args=b))(batch)
-        name = "per_image" if per_image else "local_mean"
-        for index, variable in enumerate(model.trainable_variables):
+            body = tiny_model(size=SIZE, synchronized_bn=replicas > 1)
+            body.set_weights(initial)
+            trainer = trainer_class(body, anchors=SMALL_ANCHORS, num_classes=2)
+            trainer.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), jit_compile=False)
+        trainer.fit(dataset, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
+        for index, variable in enumerate(body.trainable_variables):
             results[f"{name}_{index}"] = variable.numpy()
     return results
 
@@ -68,10 +63,9 @@ def run(replicas, images, boxes, initial):
 def main():
     replicas, problem_path, result_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if replicas:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
-        )
+        from yolo3.distribute import configure_devices
+
+        configure_devices(gpus=0, cpu_replicas=replicas)
     problem = np.load(problem_path)
     initial = [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
     np.savez(result_path, **run(replicas, problem["images"], problem["boxes"], initial))

@@ -92,10 +92,9 @@ def run(strategy, images, boxes, initial, batch_norm):
 def main():
     replicas, problem_path, result_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if replicas:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(replicas)]
-        )
+        from yolo3.distribute import configure_devices
+
+        configure_devices(gpus=0, cpu_replicas=replicas)
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     else:
         strategy = tf.distribute.get_strategy()

@@ -1,8 +1,9 @@
-"""Why the loss is per image: one optimizer step on 1, 2 and 4 replicas.
+"""Why the loss is per image: one step of the trainer's own train step on 1, 2 and 4 replicas.
 
-With the per-image loss reduced over the global batch, a data-parallel step gives the
-same weights as one device on the same global batch. A scalar mean over each replica's
-local batch makes the summed gradient the replica count times too large.
+With the per-image loss reduced over the global batch (``YoloTrainer.replica_loss``, that
+is :func:`yolo3.loss.replica_loss`), a data-parallel step gives the same weights as one
+device on the same global batch. A scalar mean over each replica's local batch makes the
+summed gradient the replica count times too large.
 """
 
 import subprocess
@@ -61,15 +62,16 @@ def test_per_image_loss_shards_and_local_mean_does_not(problem, one_device, repl
     problem_path, start = problem
     reference = one_device["per_image"]
     # On one device both reductions agree, so any difference below comes from sharding.
-    assert _max_difference(one_device["local_mean"], reference) <= 1e-6
+    assert _max_difference(one_device["local_mean"], reference) <= 1e-9
     assert _max_difference(reference, start) > 1e-3  # the step really moved the weights
 
     sharded = _step(problem_path, replicas)
-    assert _max_difference(sharded["per_image"], reference) <= 1e-5
+    # Synchronised batch norm on the replicas, plain on one device: equal to rounding.
+    assert _max_difference(sharded["per_image"], reference) <= 1e-9
 
     assert _max_difference(sharded["local_mean"], reference) > 1e-3
     # Plain SGD: the local-mean update is exactly `replicas` times the correct one.
     for initial, wrong, right in zip(start, sharded["local_mean"], reference):
         np.testing.assert_allclose(
-            wrong - initial, replicas * (right - initial), rtol=1e-3, atol=1e-6
+            wrong - initial, replicas * (right - initial), rtol=1e-6, atol=1e-9
         )
