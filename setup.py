@@ -9,7 +9,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["yolo3", "yolo3.*", "callbacks", "callbacks.*"]),
+    # The callbacks live in the repository's top-level callbacks/ folder and install inside
+    # the library as yolo3.callbacks, so that the distribution adds one top-level name.
+    packages=[*find_packages(include=["yolo3", "yolo3.*"]), "yolo3.callbacks"],
+    package_dir={"yolo3.callbacks": "callbacks"},
     py_modules=[],
     install_requires=[
         "tensorflow>=2.21,<2.22",

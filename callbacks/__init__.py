@@ -1,5 +1,7 @@
 """Keras callbacks for training YOLOv3 with ``model.fit`` on one device or many.
 
+The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
+
 - :class:`TemplateCheckpoint`: the bare ``yolo_body`` weights (last, best, every k epochs)
   plus the full training state for ``--resume``; written by the chief worker only.
 - :class:`WorkerBackup`: per-worker backups; a killed job resumes when started again.
@@ -11,11 +13,11 @@
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 """
 
-from callbacks.backup import WorkerBackup
-from callbacks.checkpoint import TemplateCheckpoint, read_training_state
-from callbacks.evaluation import MapEvaluation
-from callbacks.monitor import LearningRateLogger, StopOnNonFinite, Throughput
-from callbacks.schedule import FreezeSchedule, PlateauScale
+from .backup import WorkerBackup
+from .checkpoint import TemplateCheckpoint, read_training_state
+from .evaluation import MapEvaluation
+from .monitor import LearningRateLogger, StopOnNonFinite, Throughput
+from .schedule import FreezeSchedule, PlateauScale
 
 __all__ = [
     "FreezeSchedule",

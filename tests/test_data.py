@@ -7,7 +7,7 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, tiny_model
 from record_sets import make_examples, write_record_set
 
-from yolo3 import data
+from yolo3 import data, records
 from yolo3.loss import yolo_loss
 from yolo3.targets import build_targets
 
@@ -219,9 +219,10 @@ def test_extra_boxes_are_cut_with_a_warning(tmp_path, caplog):
 
 
 def test_counts(raw_set):
-    assert data.count_records(raw_set, "train") == 12
+    record_set = records.open_record_set(raw_set)
+    assert record_set.num_records("train") == 12
     with pytest.raises(ValueError, match="no 'test' split"):
-        data.count_records(raw_set, "test")
+        record_set.num_records("test")
 
 
 def test_pipeline_batches_train_the_model(raw_set):

@@ -9,8 +9,9 @@ from helpers import SMALL_ANCHORS
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 import train
-from callbacks import StopOnNonFinite, read_training_state
+from yolo3 import records as yolo_records
 from yolo3 import training
+from yolo3.callbacks import StopOnNonFinite, read_training_state
 from yolo3.model import tiny_yolo_body
 from yolo3.weights import load_weights, read_metadata, save_weights
 
@@ -41,12 +42,24 @@ def _arrays(path):
     }
 
 
-def test_train_writes_template_checkpoints_that_reload_without_the_trainer(record_set, tmp_path):
+def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
+    record_set, tmp_path, monkeypatch
+):
     records, anchors = record_set
     args = train_args(records, tmp_path, anchors, "--epochs", "2", "--map-every", "2")
     config = train.config_from_args(train.build_parser().parse_args(args))
     training.configure(config)
+    manifests_read = []
+    read_manifest = yolo_records.read_manifest
+    monkeypatch.setattr(
+        yolo_records,
+        "read_manifest",
+        lambda path: manifests_read.append(path) or read_manifest(path),
+    )
     result = training.run(config, log=lambda *_: None)
+    # One read of the record set's manifest for the whole job: datasets, validation and
+    # the mAP evaluation all take the value read at the start.
+    assert manifests_read == [records]
     assert result.epochs_done == 2 and result.stopped_reason is None
     assert all(math.isfinite(v) for v in result.history["loss"] + result.history["val_loss"])
     for term in ("xy_loss", "wh_loss", "objectness_loss", "class_loss", "learning_rate"):

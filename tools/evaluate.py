@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from yolo3 import validate  # noqa: E402
+from yolo3 import records, validate  # noqa: E402
 from yolo3.cli import run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
@@ -87,10 +87,8 @@ def _model_for(weights, anchors, num_classes, input_size):
 
 
 def evaluate_once(args, weights, source, class_names, anchors, output, log=print):
-    is_records = args.annotations is None
-    input_size = None if is_records else args.input_size
-    if is_records:
-        input_size = tuple(validate.records.read_manifest(source)["input_size"])
+    is_records = isinstance(source, records.RecordSet)
+    input_size = source.input_hw if is_records else args.input_size
     model, anchors = _model_for(weights, anchors, len(class_names), input_size)
     evaluation = validate.evaluate_model(
         model,
@@ -123,7 +121,8 @@ def single(args):
     if not args.weights or not (args.records or args.annotations):
         raise ValueError("give --weights and --records or --annotations (or --watch LOG_DIR)")
     metadata = read_metadata(args.weights) or {}
-    source = args.records or args.annotations
+    # A record set's manifest is read here once and handed on.
+    source = records.open_record_set(args.records) if args.records else args.annotations
     class_names = validate.source_classes(source, args.classes)
     anchors = _anchors_for(args, metadata)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
@@ -140,8 +139,7 @@ def watch(args, log=print):
     log_dir = args.watch
     config = read_config(os.path.join(log_dir, "config.json"))
     checkpoint = os.path.join(log_dir, "checkpoints", "last.weights.h5")
-    source = config.val_records or config.records
-    args.records, args.annotations = source, None
+    source = records.open_record_set(config.val_records or config.records)
     class_names = validate.source_classes(source)
     anchors = read_anchors(config.anchors)
     writer = tf.summary.create_file_writer(os.path.join(log_dir, "eval"))

@@ -85,30 +85,27 @@ def pad_boxes(boxes, max_boxes):
     return tf.ensure_shape(boxes, [max_boxes, 5])
 
 
-def _load_manifest(records_dir, num_classes):
-    manifest = records.read_manifest(records_dir)
-    manifest_classes = len(manifest["classes"])
-    if num_classes != manifest_classes:
+def _check_record_set(record_set, num_classes):
+    if num_classes != len(record_set.classes):
         raise ValueError(
-            f"num_classes is {num_classes} but the record set {records_dir} has "
-            f"{manifest_classes} classes; train with its classes file or preprocess again"
+            f"num_classes is {num_classes} but the record set {record_set} has "
+            f"{len(record_set.classes)} classes; train with its classes file or preprocess again"
         )
-    height, width = manifest["input_size"]
+    height, width = record_set.input_hw
     if height % 32 or width % 32:
         raise ValueError(
-            f"record set {records_dir} stores {height}x{width} images; the input size must "
+            f"record set {record_set} stores {height}x{width} images; the input size must "
             "be a multiple of 32 (preprocess again with a valid --input-size)"
         )
-    return manifest
 
 
-def _shard_files(files, input_context, records_dir, split):
+def _shard_files(files, input_context, record_set, split):
     if input_context is None or input_context.num_input_pipelines <= 1:
         return files
     pipelines = input_context.num_input_pipelines
     if len(files) < pipelines:
         raise ValueError(
-            f"the {split!r} split of {records_dir} has {len(files)} shard files but there are "
+            f"the {split!r} split of {record_set} has {len(files)} shard files but there are "
             f"{pipelines} input pipelines; each pipeline needs at least one file: preprocess "
             f"with more shards (--num-shards {pipelines} or more)"
         )
@@ -116,7 +113,7 @@ def _shard_files(files, input_context, records_dir, split):
 
 
 def make_dataset(
-    records_dir,
+    record_set,
     split="train",
     *,
     batch_size,
@@ -138,7 +135,8 @@ def make_dataset(
     """Batches of images and per-level targets read from a record set.
 
     Args:
-        records_dir: folder written by ``tools/preprocess.py`` (local or ``gs://`` etc.).
+        record_set: a :class:`yolo3.records.RecordSet`, or the folder written by
+            ``tools/preprocess.py`` (local or ``gs://`` etc.).
         split: ``"train"`` or ``"val"``.
         batch_size: images per element. With ``input_context`` this is the per-replica
             batch size; computing it from the global one is the caller's business.
@@ -166,20 +164,19 @@ def make_dataset(
     Returns:
         A ``tf.data.Dataset`` of the elements described in the module docstring.
     """
-    manifest = _load_manifest(records_dir, num_classes)
-    image_format = manifest["image_format"]
-    input_hw = tuple(int(v) for v in manifest["input_size"])
-    most_boxes = manifest.get("max_boxes_per_image")
+    record_set = records.open_record_set(record_set)
+    _check_record_set(record_set, num_classes)
+    image_format = record_set.image_format
+    input_hw = record_set.input_hw
+    most_boxes = record_set.max_boxes_per_image
     if most_boxes is not None and most_boxes > max_boxes:
         logger.warning(
             "record set %s has images with %d boxes; only the first max_boxes=%d are used",
-            records_dir,
+            record_set,
             most_boxes,
             max_boxes,
         )
-    files = _shard_files(
-        records.shard_paths(records_dir, manifest, split), input_context, records_dir, split
-    )
+    files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
     drop_remainder = training if drop_remainder is None else drop_remainder
     repeat = training if repeat is None else repeat
     flip = flip if training else 0.0
@@ -307,10 +304,3 @@ def measure_throughput(dataset, *, batches=None, seconds=None, warmup_batches=2)
         "batches": count,
         "seconds": elapsed,
     }
-
-
-def count_records(records_dir, split):
-    """Number of records in ``split``, from the manifest."""
-    manifest = records.read_manifest(records_dir)
-    records.shard_paths(records_dir, manifest, split)  # raises for a missing split
-    return int(manifest["splits"][split]["records"])

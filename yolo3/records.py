@@ -23,6 +23,7 @@ Every record is one training image, already letterboxed (clean copy) or augmente
 ==================  ==========  ==========================================================
 """
 
+import dataclasses
 import hashlib
 import json
 
@@ -223,6 +224,61 @@ def read_manifest(records_dir):
             f"version {FORMAT_VERSION}. Preprocess the data again with this version."
         )
     return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSet:
+    """A complete record set and its manifest, read once.
+
+    A job opens each record set once (:func:`open_record_set`) and hands this value to the
+    parts that read it (datasets, validation, mAP), which then do not read the manifest
+    again. Anything that takes a record set accepts this value or its folder.
+    """
+
+    directory: str
+    manifest: dict
+
+    def __str__(self):
+        return str(self.directory)
+
+    @property
+    def classes(self):
+        return list(self.manifest["classes"])
+
+    @property
+    def input_hw(self):
+        return tuple(int(v) for v in self.manifest["input_size"])
+
+    @property
+    def image_format(self):
+        return self.manifest["image_format"]
+
+    @property
+    def max_boxes_per_image(self):
+        return self.manifest.get("max_boxes_per_image")
+
+    def has_split(self, split):
+        return split in self.manifest["splits"]
+
+    def shard_paths(self, split):
+        """Full paths of the shards of ``split``, in order; an error names a missing split."""
+        return shard_paths(self.directory, self.manifest, split)
+
+    def num_records(self, split):
+        self.shard_paths(split)  # raises for a missing split
+        return int(self.manifest["splits"][split]["records"])
+
+
+def open_record_set(source):
+    """``source`` as a :class:`RecordSet`: one is returned as is, a folder's manifest is read."""
+    if isinstance(source, RecordSet):
+        return source
+    return RecordSet(source, read_manifest(source))
+
+
+def is_record_set(source):
+    """True for a :class:`RecordSet` or a folder holding a manifest (not an annotation file)."""
+    return isinstance(source, RecordSet) or fileio.exists(fileio.join(source, MANIFEST))
 
 
 def shard_paths(records_dir, manifest, split):

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import callbacks as yolo_callbacks
+from yolo3 import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
 from yolo3 import devices, distribute, fileio, records
 from yolo3.model import MODEL_TYPES, build_model
@@ -159,28 +159,25 @@ def _load_initial_weights(body, config, log):
         log(f"  skipped {name}: {reason}")
 
 
-def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
-    input_hw = tuple(manifest["input_size"])
-
+def _datasets(config, strategy, record_set, val_source, anchors, anchor_masks, num_classes):
     def train_fn(context):
         if config.benchmark:
             return yolo_data.synthetic_dataset(
                 batch_size=config.batch_size,
-                input_hw=input_hw,
+                input_hw=record_set.input_hw,
                 anchors=anchors,
                 num_classes=num_classes,
                 anchor_masks=anchor_masks,
                 seed=config.seed + context.input_pipeline_id,
             )
-        return _train_records(config, anchors, num_classes, anchor_masks, context)
-
-    val_dir, val_split = _validation_source(config, manifest)
+        return _train_records(config, record_set, anchors, num_classes, anchor_masks, context)
 
     def val_fn(context):
         # Repeated, with a fixed step count: every worker must run the same number of
         # steps, or the collective ops of a multi-worker job wait forever.
+        val_set, val_split = val_source
         return yolo_data.make_dataset(
-            val_dir,
+            val_set,
             val_split,
             batch_size=config.batch_size,
             anchors=anchors,
@@ -194,14 +191,14 @@ def _datasets(config, strategy, manifest, anchors, anchor_masks, num_classes):
         )
 
     train = strategy.distribute_datasets_from_function(train_fn)
-    val = strategy.distribute_datasets_from_function(val_fn) if val_dir else None
-    return train, val, val_dir, val_split
+    val = strategy.distribute_datasets_from_function(val_fn) if val_source else None
+    return train, val
 
 
-def _train_records(config, anchors, num_classes, anchor_masks=None, context=None):
+def _train_records(config, record_set, anchors, num_classes, anchor_masks=None, context=None):
     """The training split as the trainer reads it: uint8 images and padded boxes."""
     return yolo_data.make_dataset(
-        config.records,
+        record_set,
         "train",
         batch_size=config.batch_size,
         anchors=anchors,
@@ -216,16 +213,14 @@ def _train_records(config, anchors, num_classes, anchor_masks=None, context=None
     )
 
 
-def _validation_source(config, manifest):
+def _validation_source(config, record_set):
+    """``(RecordSet, split)`` to validate on, or None; each record set is opened once."""
     if config.val_records:
-        return config.val_records, "val" if "val" in _splits(config.val_records) else "train"
-    if "val" in manifest["splits"]:
-        return config.records, "val"
-    return None, None
-
-
-def _splits(records_dir):
-    return records.read_manifest(records_dir)["splits"]
+        val_set = records.open_record_set(config.val_records)
+        return val_set, "val" if val_set.has_split("val") else "train"
+    if record_set.has_split("val"):
+        return record_set, "val"
+    return None
 
 
 def _check_fresh_log_dir(config, info, checkpoint_dir, backup_root):
@@ -253,10 +248,12 @@ def run(config, *, log=print):
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
     global_batch = config.batch_size * replicas
-    manifest = records.read_manifest(config.records)
-    classes = manifest["classes"]
+    # Each record set's manifest is read once, here, and handed on as a RecordSet.
+    record_set = records.open_record_set(config.records)
+    val_source = _validation_source(config, record_set)
+    classes = record_set.classes
     num_classes = len(classes)
-    input_hw = tuple(manifest["input_size"])
+    input_hw = record_set.input_hw
     anchors = read_anchors(config.anchors)
     model_type = config.model or model_type_for_anchors(len(anchors))
     if model_type != model_type_for_anchors(len(anchors)):
@@ -275,8 +272,7 @@ def run(config, *, log=print):
     backup_root = os.path.join(config.log_dir, "backup")
     _check_fresh_log_dir(config, info, checkpoint_dir, backup_root)
 
-    train_records = records.read_manifest(config.records)["splits"]["train"]["records"]
-    steps = config.steps_per_epoch or max(1, train_records // global_batch)
+    steps = config.steps_per_epoch or max(1, record_set.num_records("train") // global_batch)
     total_steps = steps * config.epochs
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
     log(
@@ -323,12 +319,12 @@ def run(config, *, log=print):
     if config.resume:
         initial_epoch = _restore_state(trainer, checkpoint_dir, log)
 
-    train_data, val_data, val_dir, val_split = _datasets(
-        config, strategy, manifest, anchors, anchor_masks, num_classes
+    train_data, val_data = _datasets(
+        config, strategy, record_set, val_source, anchors, anchor_masks, num_classes
     )
     val_steps = None
     if val_data is not None:
-        val_records = records.read_manifest(val_dir)["splits"][val_split]["records"]
+        val_records = val_source[0].num_records(val_source[1])
         val_steps = max(1, val_records // global_batch)
         if val_records < global_batch:
             log(
@@ -383,7 +379,7 @@ def run(config, *, log=print):
         monitor=monitor,
         checkpoint_dir=checkpoint_dir,
         backup_root=backup_root,
-        map_source=(val_dir, val_split) if val_dir else None,
+        map_source=val_source,
         log=log,
     )
 
@@ -522,9 +518,9 @@ def test_io(config, *, seconds, log=print):
     Compare with the images/s of ``--benchmark`` (training without input cost): when the
     pipeline alone is not well above it, training is input-bound.
     """
-    manifest = records.read_manifest(config.records)
+    record_set = records.open_record_set(config.records)
     anchors = read_anchors(config.anchors)
-    dataset = _train_records(config, anchors, len(manifest["classes"]))
+    dataset = _train_records(config, record_set, anchors, len(record_set.classes))
     figures = yolo_data.measure_throughput(dataset, seconds=seconds)
     log(
         f"input pipeline alone: {figures['images_per_second']:.1f} images/s "

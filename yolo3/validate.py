@@ -54,12 +54,11 @@ class Evaluation:
         return figures
 
 
-def iterate_records(records_dir, split="val"):
+def iterate_records(record_set, split="val"):
     """Yields ``(image, truth)`` from a record set: uint8 arrays and boxes in their frame."""
     import tensorflow as tf  # noqa: PLC0415 - only record sets need it
 
-    manifest = records.read_manifest(records_dir)
-    for path in records.shard_paths(records_dir, manifest, split):
+    for path in records.open_record_set(record_set).shard_paths(split):
         for serialized in tf.data.TFRecordDataset(path):
             record = records.parse_example_numpy(serialized.numpy())
             image = record["image"]
@@ -103,8 +102,8 @@ def iterate_annotations(path, num_classes, image_root=None, skipped=None):
 
 def source_classes(source, classes_path=None):
     """Class names of a record set (its manifest) or of a classes file."""
-    if fileio.exists(fileio.join(source, records.MANIFEST)):
-        return list(records.read_manifest(source)["classes"])
+    if records.is_record_set(source):
+        return records.open_record_set(source).classes
     if classes_path is None:
         raise ValueError(f"{source} is an annotation file: give the classes file (--classes)")
     from yolo3.resources import read_classes  # noqa: PLC0415
@@ -130,7 +129,7 @@ def evaluate_model(
 
     Args:
         model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
-        source: a record-set folder or an annotation file.
+        source: a :class:`yolo3.records.RecordSet`, a record-set folder or an annotation file.
         anchors: ``(num_anchors, 2)`` in input pixels.
         class_names: names, index = class id.
         split: which split of a record set.
@@ -140,9 +139,10 @@ def evaluate_model(
         progress: a callable given the number of images done after each batch.
     """
     skipped = []
-    if fileio.exists(fileio.join(source, records.MANIFEST)):
-        input_hw = tuple(records.read_manifest(source)["input_size"])
-        pairs = iterate_records(source, split)
+    if records.is_record_set(source):
+        record_set = records.open_record_set(source)
+        input_hw = record_set.input_hw
+        pairs = iterate_records(record_set, split)
     else:
         input_hw = None
         pairs = iterate_annotations(source, len(class_names), image_root, skipped)

@@ -1,0 +1,90 @@
+"""What ``pip install .`` puts on a machine: the library under one top-level name, ``yolo3``.
+
+The wheel is built from a copy of the project's own files with the setuptools already
+installed (no network), installed by pip without dependencies into a fresh virtual
+environment, and imported there with this environment's packages behind it for TensorFlow
+and Keras.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("setup.py", "pyproject.toml", "README.md", "yolo3", "callbacks")
+BENCHMARK_MODULES = {"benchmark", "benchmark_io", "benchmark_scaling", "benchmark_train"}
+
+
+def _run(command, **kwargs):
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    work = tmp_path_factory.mktemp("packaging")
+    source = work / "source"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=ignore)
+        else:
+            shutil.copy2(path, source / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+          "--wheel-dir", str(work / "dist"), str(source)])  # fmt: skip
+    (wheel,) = (work / "dist").glob("keras_yolo3-*.whl")
+    env_dir = work / "env"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)])
+    python = env_dir / "bin" / "python"
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).strip()
+    )
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+          "--no-deps", "--no-index", str(wheel)])  # fmt: skip
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    # This environment's packages (TensorFlow, Keras, ...) as a plain path entry: its .pth
+    # files, the editable install's import hook among them, are not run from there.
+    (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return {"python": python, "site": site, "names": names, "cwd": work}
+
+
+def _python(installed, code):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return _run([str(installed["python"]), "-c", code], cwd=installed["cwd"], env=env)
+
+
+def test_wheel_adds_exactly_one_top_level_name(installed):
+    top = {name.split("/")[0] for name in installed["names"]}
+    top = {name for name in top if not name.endswith(".dist-info")}
+    assert top == {"yolo3"}
+    assert "yolo3/callbacks/__init__.py" in installed["names"]
+    assert "yolo3/callbacks/checkpoint.py" in installed["names"]
+
+
+def test_installed_library_imports_callbacks_inside_its_namespace(installed):
+    out = _python(
+        installed,
+        "import importlib.util, pkgutil, yolo3, yolo3.callbacks, yolo3.training\n"
+        "print(yolo3.callbacks.__file__)\n"
+        "print(yolo3.training.yolo_callbacks is yolo3.callbacks)\n"
+        "print(importlib.util.find_spec('callbacks'))\n"
+        "print(','.join(sorted(m.name for m in pkgutil.iter_modules(yolo3.__path__))))\n",
+    )
+    callbacks_file, same, top_level, modules = out.strip().splitlines()[-4:]
+    assert Path(callbacks_file) == installed["site"] / "yolo3" / "callbacks" / "__init__.py"
+    assert same == "True"
+    assert top_level == "None", "`import callbacks` must fail in an installed environment"
+    modules = set(modules.split(","))
+    assert {"model", "loss", "training", "callbacks", "detect", "darknet"} <= modules
+    assert not modules & BENCHMARK_MODULES
+    assert "original_input" not in modules
