@@ -16,7 +16,9 @@ setup(
     py_modules=[],
     install_requires=[
         "tensorflow>=2.21,<2.22",
-        "keras>=3.15,<3.16",
+        # yolo3/keras_mwms.py patches Keras's multi-worker path and runs only on the versions
+        # it was checked against (TESTED_KERAS_VERSIONS): install exactly those.
+        "keras==3.15.1",
         "numpy>=1.26",
         "pillow>=10",
         "h5py>=3.10",

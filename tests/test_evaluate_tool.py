@@ -92,3 +92,29 @@ def test_watch_evaluates_the_last_epoch_and_stops(run_folder, capsys):
 def test_missing_inputs_are_usage_errors(tmp_path, capsys):
     assert evaluate_tool.main(["--records", str(tmp_path)]) == 2
     assert "--weights" in capsys.readouterr().err
+
+
+def test_report_keeps_class_names_and_writes_strict_json(tmp_path):
+    from yolo3 import evaluate
+
+    names = ["NaNny goat", "Infinity pool"]
+    truths = [{"boxes": np.array([[0, 0, 10, 10]], np.float32), "classes": np.array([0])}]
+    found = [
+        {
+            "boxes": np.array([[0, 0, 10, 10]], np.float32),
+            "scores": np.array([0.9], np.float32),
+            "classes": np.array([0]),
+        }
+    ]
+    voc = evaluate.evaluate_voc(truths, found, num_classes=2)
+    evaluation = validate.Evaluation(voc, voc, None, 1, names)
+    validate.write_report(evaluation, str(tmp_path), curves=False, gallery=False)
+    text = (tmp_path / "metrics.json").read_text()
+
+    def refuse(constant):
+        raise AssertionError(f"metrics.json holds the non-JSON number {constant}")
+
+    summary = json.loads(text, parse_constant=refuse)
+    per_class = summary["voc"]["per_class"]
+    assert [entry["class"] for entry in per_class] == names
+    assert per_class[0]["AP"] == 1.0 and per_class[1]["AP"] is None  # no ground truth

@@ -7,6 +7,7 @@ and Keras.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+
+from yolo3.keras_mwms import TESTED_KERAS_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("setup.py", "pyproject.toml", "README.md", "yolo3", "callbacks")
@@ -52,10 +56,12 @@ def installed(tmp_path_factory):
           "--no-deps", "--no-index", str(wheel)])  # fmt: skip
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+        (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        metadata = archive.read(metadata).decode()
     # This environment's packages (TensorFlow, Keras, ...) as a plain path entry: its .pth
     # files, the editable install's import hook among them, are not run from there.
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    return {"python": python, "site": site, "names": names, "cwd": work}
+    return {"python": python, "site": site, "names": names, "cwd": work, "metadata": metadata}
 
 
 def _python(installed, code):
@@ -88,3 +94,15 @@ def test_installed_library_imports_callbacks_inside_its_namespace(installed):
     assert {"model", "loss", "training", "callbacks", "detect", "darknet"} <= modules
     assert not modules & BENCHMARK_MODULES
     assert "original_input" not in modules
+
+
+def test_keras_requirement_admits_exactly_the_versions_the_workaround_accepts(installed):
+    (line,) = [
+        line.split(":", 1)[1].strip()
+        for line in installed["metadata"].splitlines()
+        if line.startswith("Requires-Dist:") and re.match(r"Requires-Dist:\s*keras\b", line)
+    ]
+    requirement = Requirement(line)
+    candidates = {"3.14.0", "3.15.0", "3.15.1", "3.15.2", "3.16.0", *TESTED_KERAS_VERSIONS}
+    allowed = {version for version in candidates if requirement.specifier.contains(version)}
+    assert allowed == set(TESTED_KERAS_VERSIONS)

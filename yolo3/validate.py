@@ -12,7 +12,7 @@ per-class table, a JSON summary, one precision-recall curve per class and a gall
 """
 
 import dataclasses
-import json
+import math
 import os
 
 import numpy as np
@@ -230,4 +230,19 @@ def _file_safe(name):
 
 
 def _json_safe(value):
-    return json.loads(json.dumps(value, default=float).replace("NaN", "null"))
+    """``value`` with NumPy numbers as Python ones and NaN or infinities as None.
+
+    JSON has no non-finite numbers (``json.dumps`` would write the non-standard ``NaN``);
+    an AP is NaN for a class with no ground truth.
+    """
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
