@@ -271,13 +271,16 @@ def _keras2_names(model, zero_based):
     return names
 
 
-def write_keras2_h5(model, path, rng, *, full_model=False, zero_based=False):
+def write_keras2_h5(
+    model, path, rng, *, full_model=False, zero_based=False, bn_epsilon=None, variance=(0.5, 1.5)
+):
     """Writes random weights for ``model`` in the HDF5 layout of Keras 2's ``save_weights``.
 
     Layers get Keras 2 auto names numbered in Darknet order (``conv2d_1`` is ``conv_0``; with
     ``zero_based`` tf.keras's ``conv2d``, ``conv2d_1``, ...) and are listed depth-sorted, as
     Keras 2 lists them, so file order differs from creation order. ``full_model`` nests them in
-    ``model_weights`` as ``model.save`` did.
+    ``model_weights`` as ``model.save`` did, with a model configuration that gives every batch
+    norm ``bn_epsilon`` when that is set. Moving variances are drawn from ``variance``.
 
     Returns:
         ``{our layer name: [arrays in our variable order]}``.
@@ -286,7 +289,19 @@ def write_keras2_h5(model, path, rng, *, full_model=False, zero_based=False):
     written = {}
     with h5py.File(path, "w") as f:
         if full_model:
-            f.attrs["model_config"] = json.dumps({"class_name": "Model", "config": {}})
+            layers = []
+            if bn_epsilon is not None:
+                layers = [
+                    {
+                        "class_name": "BatchNormalization",
+                        "name": names[layer.name],
+                        "config": {"name": names[layer.name], "epsilon": bn_epsilon},
+                    }
+                    for layer in model.layers
+                    if layer.name.startswith("bn_")
+                ]
+            config = {"class_name": "Model", "config": {"layers": layers}}
+            f.attrs["model_config"] = json.dumps(config)
             f.attrs["training_config"] = json.dumps({"loss": "yolo_loss"})
             root = f.create_group("model_weights")
         else:
@@ -305,7 +320,7 @@ def write_keras2_h5(model, path, rng, *, full_model=False, zero_based=False):
             for variable in layer.weights:
                 shape = tuple(variable.shape)
                 if variable.name == "moving_variance":
-                    value = rng.uniform(0.5, 1.5, shape)
+                    value = rng.uniform(*variance, shape)
                 else:
                     value = rng.normal(0.0, 0.1, shape)
                 weight_name = f"{name}/{variable.name}:0"

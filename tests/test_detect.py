@@ -313,3 +313,62 @@ def test_cli_usage_and_input_errors(files, tmp_path, capsys):
     # Nothing to detect on: reported with the name, and a failing exit status.
     assert detect_cli.main(_cli_args(files, tmp_path / "missing.jpg", output=output)) == 1
     assert "missing.jpg" in capsys.readouterr().err
+
+
+# Masks ((4, 3, 5), (0, 1, 2)): the stride-32 head's slot 0 is anchor 4, 40 x 40 px, so on
+# a 64 px image each box is its cell centre (16 or 48) +- 20, clipped to the image.
+EXPECTED_WITH_ANCHOR_4 = [[0, 0, 36, 36], [0, 28, 36, 64], [28, 0, 64, 36], [28, 28, 64, 64]]
+
+
+@pytest.fixture(scope="module")
+def weights_with_masks(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("masks") / "masks.weights.h5")
+    metadata = {"model_type": "tiny", "num_classes": 2, "anchor_masks": [[4, 3, 5], [0, 1, 2]]}
+    save_weights(make_model(), path, metadata)
+    return path
+
+
+def test_detector_uses_the_anchor_masks_the_weights_record(files, weights_with_masks):
+    detector = Detector(weights_with_masks, files["anchors"], files["classes"], input_size=64)
+    assert detector.anchor_masks == ((4, 3, 5), (0, 1, 2))
+    [result] = detector.detect(np.zeros((64, 64, 3), np.uint8))
+    np.testing.assert_allclose(_sorted_rows(result["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
+    # Given masks win over recorded ones.
+    given = Detector(
+        weights_with_masks,
+        files["anchors"],
+        files["classes"],
+        input_size=64,
+        anchor_masks=((3, 4, 5), (0, 1, 2)),
+    )
+    assert given.anchor_masks == ((3, 4, 5), (0, 1, 2))
+
+
+def test_original_keras2_tiny_weights_get_the_original_masks(files, tmp_path):
+    from darknet_files import write_keras2_h5
+
+    from yolo3.model import tiny_yolo_body
+
+    path = str(tmp_path / "trained_weights_final.h5")
+    write_keras2_h5(tiny_yolo_body(num_classes=2), path, np.random.default_rng(0))
+    detector = Detector(path, files["anchors"], files["classes"], input_size=64)
+    assert detector.anchor_masks == ((3, 4, 5), (1, 2, 3))
+
+
+def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
+    output = tmp_path / "out"
+    image = tmp_path / "black.png"
+    Image.new("RGB", (64, 64)).save(image)
+    args = _cli_args(files, image, output=output)
+    args[args.index("--weights") + 1] = weights_with_masks
+    assert detect_cli.main(args) == 0
+    [record] = json.loads((output / "detections.json").read_text())["images"]
+    np.testing.assert_allclose(_sorted_rows(record["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
+    assert detect_cli.main([*args, "--anchor-masks", "3,4,5 0,1,2"]) == 0
+    [record] = json.loads((output / "detections.json").read_text())["images"]
+    assert max(box[2] - box[0] for box in record["boxes"]) < 13  # anchor 3: 12 x 10 px
+    assert detect_cli.main([*args, "--anchor-masks", "3,4,x"]) == 2
+    err = capsys.readouterr().err
+    assert "--anchor-masks" in err and "e.g. '3,4,5 1,2,3'" in err
+    assert detect_cli.main([*args, "--anchor-masks", "3,4,9 0,1,2"]) == 2
+    assert "beyond the 6 given" in capsys.readouterr().err

@@ -118,3 +118,27 @@ def test_report_keeps_class_names_and_writes_strict_json(tmp_path):
     per_class = summary["voc"]["per_class"]
     assert [entry["class"] for entry in per_class] == names
     assert per_class[0]["AP"] == 1.0 and per_class[1]["AP"] is None  # no ground truth
+
+
+def test_anchor_masks_come_from_the_file_or_the_flag(run_folder, tmp_path, capsys):
+    from darknet_files import write_keras2_h5
+
+    _, records, anchors, _ = run_folder
+    legacy = str(tmp_path / "trained_weights_final.h5")
+    write_keras2_h5(
+        tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), legacy, np.random.default_rng(0)
+    )
+    # The original keras-yolo3's tiny files were trained with masks 3,4,5 and 1,2,3.
+    _, _, masks = evaluate_tool._model_for(legacy, SMALL_ANCHORS, 2, (SIZE, SIZE))
+    assert masks == ((3, 4, 5), (1, 2, 3))
+    _, _, masks = evaluate_tool._model_for(
+        legacy, SMALL_ANCHORS, 2, (SIZE, SIZE), ((3, 4, 5), (0, 1, 2))
+    )
+    assert masks == ((3, 4, 5), (0, 1, 2))
+    args = ["--weights", legacy, "--records", records, "--anchors", anchors, "--no-coco",
+            "--gallery", "0", "--output", str(tmp_path / "eval")]  # fmt: skip
+    assert evaluate_tool.main([*args, "--anchor-masks", "3,4,5 1,2,3"]) == 0
+    assert (tmp_path / "eval" / "metrics.json").exists()
+    capsys.readouterr()
+    assert evaluate_tool.main([*args, "--anchor-masks", "3,4,5 1,2,x"]) == 2
+    assert "--anchor-masks" in capsys.readouterr().err

@@ -7,16 +7,24 @@ import numpy as np
 import pytest
 from darknet_files import write_keras2_h5
 
-from yolo3.legacy import read_keras2_layers
-from yolo3.model import tiny_yolo_body, yolo_body
+from yolo3.legacy import KERAS2_BN_EPSILON, read_keras2_layers
+from yolo3.model import BN_EPSILON, tiny_yolo_body, yolo_body
 from yolo3.weights import load_weights
+
+
+def folded(variance, file_epsilon=KERAS2_BN_EPSILON):
+    """The moving variance a file's batch norm gets here: the epsilons' difference added."""
+    return (np.float64(variance) + file_epsilon - BN_EPSILON).astype(np.float32)
 
 
 def assert_weights_equal(model, written, skip=()):
     for layer in model.layers:
         if layer.weights and layer.name not in skip:
-            for got, want in zip(layer.get_weights(), written[layer.name], strict=True):
-                np.testing.assert_array_equal(got, want, err_msg=layer.name)
+            want = list(written[layer.name])
+            if layer.name.startswith("bn_"):
+                want[3] = folded(want[3])
+            for got, expected in zip(layer.get_weights(), want, strict=True):
+                np.testing.assert_array_equal(got, expected, err_msg=layer.name)
 
 
 def conv_numbers_in_file_order(path):
@@ -108,7 +116,7 @@ def test_batch_norm_without_gamma_and_beta_is_identity_scaled(tiny_file_for_3_cl
     np.testing.assert_array_equal(gamma, np.ones(16))
     np.testing.assert_array_equal(beta, np.zeros(16))
     np.testing.assert_array_equal(mean, written["bn_0"][2])
-    np.testing.assert_array_equal(variance, written["bn_0"][3])
+    np.testing.assert_array_equal(variance, folded(written["bn_0"][3]))
     assert_weights_equal(model, written, skip={"bn_0"})
 
 
@@ -129,3 +137,48 @@ def test_unknown_layer_kind_is_an_error(tiny_file_for_3_classes):
         ValueError, match=r"layer dense_1 has weights \['bias', 'gamma', 'kernel'\]"
     ):
         load_weights(tiny_yolo_body(num_classes=3), path)
+
+
+def _relative_difference(outputs, reference):
+    return max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(np.asarray(b))))
+        for a, b in zip(outputs, reference)
+    )
+
+
+@pytest.mark.parametrize(
+    "full_model, file_epsilon",
+    [(False, KERAS2_BN_EPSILON), (True, KERAS2_BN_EPSILON), (True, 1e-4)],
+    ids=["save_weights, Keras 2 default", "model.save, 1e-3", "model.save, 1e-4 in its config"],
+)
+def test_loaded_weights_predict_what_the_original_layers_did(tmp_path, full_model, file_epsilon):
+    path = str(tmp_path / "yolo.h5")
+    rng = np.random.default_rng(3)
+    # Moving variances near 0.01, where epsilon 1e-3 against 1e-6 matters most.
+    written = write_keras2_h5(
+        tiny_yolo_body(num_classes=3),
+        path,
+        rng,
+        full_model=full_model,
+        bn_epsilon=file_epsilon if full_model else None,
+        variance=(0.005, 0.05),
+    )
+    # The oracle: the same network with the file's weights as stored and batch norms that
+    # use the file's epsilon, as the original's Keras 2 layers did.
+    reference = tiny_yolo_body(num_classes=3, input_shape=(64, 64, 3))
+    stored = tiny_yolo_body(num_classes=3, input_shape=(64, 64, 3))
+    for layer in reference.layers:
+        if layer.weights:
+            layer.set_weights(written[layer.name])
+            stored.get_layer(layer.name).set_weights(written[layer.name])
+        if layer.name.startswith("bn_"):
+            layer.epsilon = file_epsilon
+    ours = tiny_yolo_body(num_classes=3, input_shape=(64, 64, 3))
+    load_weights(ours, path)
+    images = rng.uniform(0, 1, (2, 64, 64, 3)).astype(np.float32)
+    expected = reference(images)
+    before = _relative_difference(stored(images), expected)
+    after = _relative_difference(ours(images), expected)
+    print(f"\nrelative output difference: weights as stored {before:.1e}, folded {after:.1e}")
+    assert after <= 1e-5
+    assert before >= 1e-3  # the fold is what closes the gap

@@ -72,7 +72,9 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         "best.weights.h5",
         "state.weights.h5",
     }
-    assert read_metadata(str(checkpoints / "last.weights.h5"))["epoch"] == 2
+    metadata = read_metadata(str(checkpoints / "last.weights.h5"))
+    assert metadata["epoch"] == 2
+    assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
     # The template file holds the bare body: it loads into a fresh model with no wrapper
     # and predicts exactly what the trained model predicts.
     fresh = _body(str(checkpoints / "last.weights.h5"))

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import records, validate  # noqa: E402
-from yolo3.cli import run_main  # noqa: E402
+from yolo3.cli import argument_type, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
-from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
-from yolo3.weights import load_weights, read_metadata  # noqa: E402
+from yolo3.resources import model_type_for_anchors, parse_anchor_masks, read_anchors  # noqa: E402
+from yolo3.weights import load_weights, read_metadata, stored_anchor_masks  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +47,12 @@ def build_parser():
     parser.add_argument("--split", default="val", help="record-set split (default: val)")
     parser.add_argument("--classes", help="classes file (annotation files; record sets have it)")
     parser.add_argument("--anchors", help="anchors file (default: from the weights' metadata)")
+    parser.add_argument(
+        "--anchor-masks",
+        type=argument_type(parse_anchor_masks),
+        help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
+        "weights file records; the original keras-yolo3's for its .h5 files)",
+    )
     parser.add_argument(
         "--input-size",
         type=int,
@@ -78,22 +84,29 @@ def _anchors_for(args, metadata):
     raise ValueError(f"{args.weights} records no anchors: pass --anchors")
 
 
-def _model_for(weights, anchors, num_classes, input_size):
+def _model_for(weights, anchors, num_classes, input_size, anchor_masks=None):
+    """The loaded model, its anchors and the anchor masks its weights were trained with."""
     import numpy as np  # noqa: PLC0415
 
-    model = build_model(model_type_for_anchors(len(anchors)), num_classes, input_size=input_size)
+    model_type = model_type_for_anchors(len(anchors))
+    anchor_masks = anchor_masks or stored_anchor_masks(weights, model_type)
+    num_anchors = len(anchor_masks[0]) if anchor_masks else 3
+    model = build_model(model_type, num_classes, num_anchors=num_anchors, input_size=input_size)
     load_weights(model, weights)
-    return model, np.asarray(anchors, np.float32)
+    return model, np.asarray(anchors, np.float32), anchor_masks
 
 
 def evaluate_once(args, weights, source, class_names, anchors, output, log=print):
     is_records = isinstance(source, records.RecordSet)
     input_size = source.input_hw if is_records else args.input_size
-    model, anchors = _model_for(weights, anchors, len(class_names), input_size)
+    model, anchors, anchor_masks = _model_for(
+        weights, anchors, len(class_names), input_size, args.anchor_masks
+    )
     evaluation = validate.evaluate_model(
         model,
         source,
         anchors=anchors,
+        anchor_masks=anchor_masks,
         class_names=class_names,
         split=args.split,
         batch_size=args.batch_size,

@@ -6,9 +6,23 @@ errors end with argparse's own message and status, a known failure with one line
 traceback; an unexpected error keeps its traceback, because it is a bug to report.
 """
 
+import argparse
 import sys
 
 KNOWN_ERRORS = (FileNotFoundError, ValueError)
+
+
+def argument_type(parse):
+    """``parse`` as an argparse ``type=``: its ValueError message becomes argparse's error."""
+
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
 
 
 def fail(message, status=2):

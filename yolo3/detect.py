@@ -41,7 +41,9 @@ class Detector:
         model_type: ``"yolov3"`` or ``"tiny"``; inferred from the anchor count when None.
         input_size: network input, an int (square) or ``(height, width)``, multiples of 32.
         score_threshold, iou_threshold, max_detections: see :func:`yolo3.postprocess.postprocess`.
-        anchor_masks: anchors per head, largest stride first; default for the anchor count.
+        anchor_masks: anchors per head, largest stride first; default: what the weights
+            file records (:func:`yolo3.weights.stored_anchor_masks`), else the default for
+            the anchor count.
 
     Raises:
         ValueError naming both class counts when the weights were trained for a different
@@ -65,6 +67,8 @@ class Detector:
         anchors = read_anchors(anchors_path)
         class_names = read_classes(classes_path)
         model_type = model_type or model_type_for_anchors(len(anchors))
+        if anchor_masks is None:
+            anchor_masks = weights_io.stored_anchor_masks(weights_path, model_type)
         anchor_masks = _resolve_masks(anchors, anchor_masks, model_type)
         num_anchors = len(anchor_masks[0])
         model = build_model(
@@ -244,6 +248,8 @@ def _resolve_masks(anchors, anchor_masks, model_type):
         )
     if len({len(mask) for mask in masks}) != 1:
         raise ValueError(f"anchor masks {masks} must give every head the same anchor count")
+    if any(not 0 <= index < len(anchors) for mask in masks for index in mask):
+        raise ValueError(f"anchor masks {masks} name anchors beyond the {len(anchors)} given")
     return masks
 
 

@@ -10,14 +10,32 @@ itself is depth-sorted, so for a branching network like YOLOv3 it is not creatio
 Convolutions and batch norms are therefore each sorted by their numeric suffix (file order only
 when the names are not of that form) and paired, in that order, with our ``conv_k`` and
 ``bn_k`` in order of ``k``.
+
+Batch norm epsilon: the original built ``BatchNormalization()`` with Keras 2's default
+epsilon, 1e-3, where our layers use Darknet's 1e-6 (see :mod:`yolo3.model`). Batch norm
+divides by ``sqrt(moving_variance + epsilon)``, so the difference is added to the moving
+variance on loading, and the loaded model predicts what the original did. The epsilon is read
+from the file's model configuration where a full-model save has one, else taken as 1e-3.
+
+Anchor masks: the original's tiny-YOLOv3 gave its second head anchors 1, 2, 3 (Darknet's
+``yolov3-tiny.cfg`` has 0, 1, 2); :data:`ORIGINAL_ANCHOR_MASKS` are the masks its files were
+trained with.
 """
 
+import json
 import re
 
 import h5py
 import numpy as np
 
 CONV_WEIGHTS = ("kernel", "bias")
+# Keras 2's BatchNormalization default, which the original keras-yolo3 used throughout.
+KERAS2_BN_EPSILON = 1e-3
+# The original keras-yolo3's anchor masks, largest stride first.
+ORIGINAL_ANCHOR_MASKS = {
+    "yolov3": ((6, 7, 8), (3, 4, 5), (0, 1, 2)),
+    "tiny": ((3, 4, 5), (1, 2, 3)),
+}
 BN_WEIGHTS = ("gamma", "beta", "moving_mean", "moving_variance")
 _NUMBERED = re.compile(r"(?P<prefix>.*?)(?:_(?P<number>\d+))?")
 
@@ -44,6 +62,34 @@ def read_keras2_layers(path):
                 owner = owner.rsplit("/", 1)[-1] or group_name
                 layers.setdefault(owner, {})[leaf.split(":")[0]] = np.asarray(group[weight_name])
     return list(layers.items())
+
+
+def read_bn_epsilons(path):
+    """``{layer name: epsilon}`` of the file's batch norms, from the model configuration that
+    a full-model save stores; empty for a ``save_weights`` file, which stores none."""
+    with h5py.File(path, "r") as f:
+        raw = f.attrs.get("model_config")
+    if raw is None:
+        return {}
+    try:
+        config = json.loads(_text(raw))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: the model configuration is not valid JSON ({err})") from err
+    found = {}
+
+    def visit(node):
+        if isinstance(node, dict):
+            settings = node.get("config")
+            if node.get("class_name") == "BatchNormalization" and isinstance(settings, dict):
+                found[settings.get("name")] = float(settings.get("epsilon", KERAS2_BN_EPSILON))
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(config)
+    return found
 
 
 def _split_kinds(layers, path):
@@ -107,6 +153,11 @@ def load_keras2_weights(model, path, *, skip_mismatch=False):
             f"but {model.name} has {len(our_convs)} and {len(our_norms)}: the file is for "
             "another network (YOLOv3 has 75 and 72, tiny-YOLOv3 13 and 11)"
         )
+    epsilons = read_bn_epsilons(path)
+    file_norms = [
+        (name, _fold_epsilon(values, epsilons.get(name, KERAS2_BN_EPSILON), layer.epsilon))
+        for (name, values), layer in zip(file_norms, our_norms)
+    ]
     report = {"loaded": [], "skipped": [], "missing": []}
     paired = {id(layer) for layer in our_convs + our_norms}
     report["missing"] = [
@@ -134,3 +185,14 @@ def load_keras2_weights(model, path, *, skip_mismatch=False):
         layer.set_weights(values)
         report["loaded"].append(layer.name)
     return report
+
+
+def _fold_epsilon(values, file_epsilon, our_epsilon):
+    """Batch-norm weights for a layer with ``our_epsilon`` that normalise as the file's did.
+
+    ``sqrt(variance + file_epsilon) = sqrt(variance' + our_epsilon)`` for
+    ``variance' = variance + file_epsilon - our_epsilon``.
+    """
+    gamma, beta, mean, variance = values
+    folded = np.asarray(variance, np.float64) + (file_epsilon - our_epsilon)
+    return [gamma, beta, mean, np.maximum(folded, 0.0).astype(np.asarray(variance).dtype)]

@@ -29,6 +29,21 @@ def default_anchor_masks(num_anchors):
     return DEFAULT_ANCHOR_MASKS[num_anchors]
 
 
+def parse_anchor_masks(text, source="--anchor-masks"):
+    """Parses ``"6,7,8 3,4,5 0,1,2"`` (one comma-separated group per head, largest stride
+    first) into a tuple of int tuples."""
+    try:
+        masks = tuple(tuple(int(i) for i in group.split(",")) for group in text.split())
+    except ValueError:
+        raise ValueError(
+            f"{source} {text!r}: expected comma-separated anchor indices per head, heads "
+            "separated by spaces, e.g. '3,4,5 1,2,3'"
+        ) from None
+    if not masks or len({len(mask) for mask in masks}) != 1:
+        raise ValueError(f"{source} {text!r}: every head needs the same number of anchors")
+    return masks
+
+
 def parse_anchors(text, source="anchors"):
     """Parses ``w,h, w,h, ...`` text into a float32 array of shape (num_anchors, 2)."""
     fields = [field.strip() for field in text.replace("\n", ",").split(",") if field.strip()]

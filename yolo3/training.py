@@ -344,6 +344,7 @@ def run(config, *, log=print):
         "num_classes": num_classes,
         "classes": classes,
         "anchors": np.asarray(anchors).tolist(),
+        "anchor_masks": [list(mask) for mask in anchor_masks],
         "input_size": list(input_hw),
     }
     if info.is_chief:

@@ -117,6 +117,7 @@ def evaluate_model(
     *,
     anchors,
     class_names,
+    anchor_masks=None,
     split="val",
     batch_size=16,
     coco=True,
@@ -131,6 +132,7 @@ def evaluate_model(
         model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
         source: a :class:`yolo3.records.RecordSet`, a record-set folder or an annotation file.
         anchors: ``(num_anchors, 2)`` in input pixels.
+        anchor_masks: anchors per head, largest stride first (default for the anchor count).
         class_names: names, index = class id.
         split: which split of a record set.
         coco: also compute COCO metrics with pycocotools.
@@ -153,6 +155,7 @@ def evaluate_model(
         input_size=input_hw,
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
+        anchor_masks=anchor_masks,
     )
     truths, detections, gallery, batch = [], [], [], []
 

@@ -83,6 +83,25 @@ def check_num_classes(path, num_classes, source=None):
         )
 
 
+def stored_anchor_masks(path, model_type):
+    """The anchor masks the weights in ``path`` were trained with, where the file tells.
+
+    Our files record them in their metadata (``anchor_masks``); a Keras 2 file of the
+    original keras-yolo3 implies that project's masks (its tiny-YOLOv3 differs from
+    Darknet's, see :mod:`yolo3.legacy`). None otherwise: the defaults for the anchor count.
+    """
+    if not path.endswith(".h5") or not os.path.exists(path):
+        return None
+    masks = (read_metadata(path) or {}).get("anchor_masks")
+    if masks:
+        return tuple(tuple(int(index) for index in mask) for mask in masks)
+    if is_keras2_file(path):
+        from yolo3.legacy import ORIGINAL_ANCHOR_MASKS
+
+        return ORIGINAL_ANCHOR_MASKS[model_type]
+    return None
+
+
 def load_weights(model, path, *, skip_mismatch=False):
     """Loads weights into ``model`` by layer name.
 
