@@ -88,7 +88,12 @@ def build_parser():
         "--flip", type=float, default=defaults.flip, help="online horizontal-flip probability"
     )
     sched.add_argument("--shuffle-buffer", type=int, default=defaults.shuffle_buffer)
-    sched.add_argument("--ignore-thresh", type=float, default=defaults.ignore_thresh)
+    sched.add_argument(
+        "--ignore-thresh",
+        type=float,
+        default=defaults.ignore_thresh,
+        help="IoU above which a prediction is not penalised as background (Darknet's .7)",
+    )
     sched.add_argument("--seed", type=int, default=defaults.seed)
     dev = parser.add_argument_group("devices and distribution")
     dev.add_argument("--gpus", type=int, help="GPUs to train on (0: CPU; default: all visible)")

@@ -24,6 +24,10 @@ from keras import ops
 
 from yolo3.resources import default_anchor_masks
 
+# Darknet's ignore_thresh in every [yolo] layer of yolov3.cfg and yolov3-tiny.cfg. The
+# original keras-yolo3 used .5 for YOLOv3 (and .7 for tiny); training here follows Darknet,
+# whose published figures are the ones results are compared with.
+IGNORE_THRESH = 0.7
 LOSS_TERMS = ("xy", "wh", "objectness", "class")
 # Truth boxes per image for the ignore mask when only targets are given (Darknet's default).
 MAX_TRUE_BOXES = 90
@@ -96,7 +100,7 @@ def yolo_loss(
     *,
     anchors,
     num_classes,
-    ignore_thresh=0.5,
+    ignore_thresh=IGNORE_THRESH,
     anchor_masks=None,
     true_boxes=None,
     max_true_boxes=MAX_TRUE_BOXES,

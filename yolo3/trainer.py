@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from yolo3.loss import LOSS_TERMS, replica_loss, yolo_loss
+from yolo3.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.remat import RematForward
 from yolo3.resources import default_anchor_masks
@@ -159,7 +159,7 @@ class YoloTrainer(keras.Model):
         anchors,
         num_classes,
         anchor_masks=None,
-        ignore_thresh=0.5,
+        ignore_thresh=IGNORE_THRESH,
         remat="off",
         **kwargs,
     ):

@@ -24,6 +24,7 @@ import tensorflow as tf
 from yolo3 import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
 from yolo3 import devices, distribute, fileio, records
+from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.remat import REMAT_CHOICES
 from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
@@ -66,7 +67,7 @@ class TrainConfig:
     seed: int = 0
     flip: float = 0.5
     shuffle_buffer: int = 1024
-    ignore_thresh: float = 0.5
+    ignore_thresh: float = IGNORE_THRESH
     steps_per_epoch: int | None = None
     checkpoint_every: int | None = None
     map_every: int | None = None  # epochs between in-training mAP evaluations (chief)
