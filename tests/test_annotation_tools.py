@@ -60,7 +60,7 @@ def test_voc_lines_match_hand_written(tmp_path, capsys):
     classes.write_text("cat\ndog\n")
     output = tmp_path / "out" / "train.txt"
     argv = ["--devkit", str(tmp_path / "VOCdevkit"), "--classes", str(classes)]
-    assert voc_tool.main(argv + ["--output", str(output)]) == 0
+    assert voc_tool.main(argv + ["--difficult", "skip", "--output", str(output)]) == 0
     base = "../VOCdevkit/VOC{}/JPEGImages/{}.jpg"
     assert output.read_text().splitlines() == [
         base.format(2007, "000001") + " 48,240,195,371,1",  # person is not in the classes
@@ -69,7 +69,7 @@ def test_voc_lines_match_hand_written(tmp_path, capsys):
         base.format(2012, "2008_000001") + " 274,10,300,100,0",  # fractions rounded
     ]
     summary = capsys.readouterr().out
-    assert "4 images, 3 boxes, 1 images without boxes" in summary
+    assert "4 images, 3 boxes, 1 images without boxes, 0 boxes flagged difficult" in summary
     for line in [
         "skipped difficult: 2",
         "skipped missing_xml: 1",
@@ -102,6 +102,26 @@ def test_voc_include_difficult_sets_and_classes_output(tmp_path):
         "VOCdevkit/VOC2007/JPEGImages/000004.jpg 5,5,50,50,0",
     ]
     assert classes_out.read_text() == "cat\ndog\n"
+
+
+def test_voc_flags_difficult_objects_by_default(tmp_path, capsys):
+    make_devkit(tmp_path / "VOCdevkit")
+    classes = tmp_path / "classes.txt"
+    classes.write_text("cat\ndog\n")
+    output = tmp_path / "train.txt"
+    argv = ["--devkit", str(tmp_path / "VOCdevkit"), "--classes", str(classes)]
+    assert voc_tool.main([*argv, "--sets", "2007:trainval", "--output", str(output)]) == 0
+    assert output.read_text().splitlines() == [
+        "VOCdevkit/VOC2007/JPEGImages/000001.jpg 48,240,195,371,1",
+        "VOCdevkit/VOC2007/JPEGImages/000002.jpg 10,20,30,40,0,1 1,2,3,4,1",
+        "VOCdevkit/VOC2007/JPEGImages/000004.jpg 5,5,50,50,0,1",
+    ]
+    assert "3 images, 4 boxes, 0 images without boxes, 2 boxes flagged difficult" in (
+        capsys.readouterr().out
+    )
+    entries, rejects, _ = parse_annotations(output, num_classes=2)
+    assert not rejects
+    assert [entry.difficult.tolist() for entry in entries] == [[False], [True, False], [True]]
 
 
 def test_voc_strict_and_bad_arguments(tmp_path, capsys):

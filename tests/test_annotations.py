@@ -73,7 +73,8 @@ def test_windows_line_endings_and_byte_order_mark(tmp_path):
         ("12,40,18,30,0", "inverted_box", "has y_max < y_min"),
         ("12,40,12,90,0", "zero_area_box", "zero width or height"),
         ("1,2,3,4", "malformed_box", "has 4 fields; expected 5"),
-        ("1,2,3,4,0,5", "malformed_box", "has 6 fields"),
+        ("1,2,3,4,0,5", "bad_difficult_flag", "has difficult flag '5'; expected 0 or 1"),
+        ("1,2,3,4,0,1,1", "malformed_box", "has 7 fields"),
         ("1,2,x3,4,0", "malformed_number", "'x3', which is not a number"),
         ("1,2,inf,4,0", "non_finite", "non-finite coordinate 'inf'"),
         ("1,2,3,nan,0", "non_finite", "'nan'"),
@@ -165,6 +166,18 @@ def test_format_and_write_round_trip(tmp_path):
     assert not rejects
     np.testing.assert_array_equal(entries[0].boxes, boxes)
     assert entries[0].classes.tolist() == [3, 0] and entries[0].path.endswith("my images/x.jpg")
+
+
+def test_difficult_flag_reads_and_writes_back(tmp_path):
+    path = write(tmp_path, "a.jpg 1,2,3,4,0,1 5,6,7,8,1,0 9,9,12,12,1\nb.jpg\n")
+    entries, rejects, _ = parse_annotations(path, num_classes=2)
+    assert not rejects
+    assert entries[0].difficult.tolist() == [True, False, False]
+    assert entries[1].difficult.tolist() == []
+    line = format_line("a.jpg", entries[0].boxes, entries[0].classes, entries[0].difficult)
+    assert line == "a.jpg 1,2,3,4,0,1 5,6,7,8,1 9,9,12,12,1"
+    with pytest.raises(ValueError, match="2 difficult flags for 3 boxes"):
+        format_line("a.jpg", entries[0].boxes, entries[0].classes, [True, False])
 
 
 @pytest.mark.parametrize("path", ["", "a.jpg\nb.jpg", "1,2,3,4,0", "dir 1,2 x.jpg", "#1.jpg"])

@@ -579,3 +579,60 @@ def test_ram_filesystem_paths_work_like_local_ones(rectangles, tmp_path):
     paths = records.shard_paths(output, manifest, "train")
     record = records.parse_example_numpy(next(iter(tf.data.TFRecordDataset(paths[0]))).numpy())
     assert record["source"].startswith(f"{folder}/img")
+
+
+def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
+    """VOC's difficult objects: kept in the records, left out of training, ignored by mAP."""
+    from helpers import SMALL_ANCHORS
+
+    from yolo3 import data, evaluate, validate
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = []
+    for index in range(4):
+        # A red box, and a green one that is difficult in even images.
+        red, green = (4, 4, 24, 24), (34, 30, 60, 58)
+        image = _rectangle(64, 64, red, COLOURS[0])
+        image[green[1] : green[3], green[0] : green[2]] = COLOURS[1]
+        Image.fromarray(image).save(folder / f"img{index}.png")
+        flag = ",1" if index % 2 == 0 else ""
+        lines.append(f"img{index}.png {_box_text(red, 0)} {_box_text(green, 1)}{flag}")
+    train = _write_lines(folder, lines)
+    val = _write_lines(folder, lines, "val.txt")
+    out = tmp_path / "records"
+    argv = ["--annotations", train, "--val-annotations", val, "--classes", _write_classes(folder),
+            "--output", str(out), "--input-size", "64", "--copies", "1", *KEEP_COLOURS]  # fmt: skip
+    assert _run(argv) == 0
+    _, decoded = _read_set(out)
+    for record in decoded["train"] + decoded["val"]:
+        difficult = record["difficult"]
+        assert len(difficult) == len(record["classes"])
+        assert not difficult[record["classes"] == 0].any()  # flags stay with their boxes
+    sources = {r["source"]: r["difficult"].tolist() for r in decoded["val"]}
+    assert sorted(sources.values()) == [[False, False]] * 2 + [[False, True]] * 2
+
+    # Training reads no difficult box: green boxes only from the odd images.
+    dataset = data.make_dataset(str(out), "val", batch_size=4, anchors=SMALL_ANCHORS,
+                                num_classes=3, training=False, targets=False)  # fmt: skip
+    _, boxes = next(iter(dataset))
+    real = boxes.numpy()[..., 2] > 0
+    assert sorted(np.sum(real, axis=1).tolist()) == [1, 1, 2, 2]
+
+    # Scoring: detecting every object, or every object but the difficult ones, both score
+    # 1.0. Were the flags lost, missing the difficult ones would cost recall.
+    truths = [truth for _, truth in validate.iterate_records(str(out), "val")]
+
+    def detections(skip_difficult):
+        found = []
+        for truth in truths:
+            keep = ~truth["difficult"] if skip_difficult else np.ones(len(truth["boxes"]), bool)
+            found.append({"boxes": truth["boxes"][keep], "classes": truth["classes"][keep],
+                          "scores": np.full(int(keep.sum()), 0.9, np.float32)})  # fmt: skip
+        return found
+
+    every = evaluate.evaluate_voc(truths, detections(False), num_classes=3)
+    ordinary_only = evaluate.evaluate_voc(truths, detections(True), num_classes=3)
+    assert every.num_positives.tolist() == [4, 2, 0]
+    np.testing.assert_array_equal(every.ap[:2], [1.0, 1.0])
+    np.testing.assert_array_equal(ordinary_only.ap[:2], [1.0, 1.0])

@@ -7,9 +7,12 @@ Reads ``VOC<year>/ImageSets/Main/<set>.txt`` and each listed ``Annotations/<id>.
 image is ``JPEGImages/<id>.jpg``. Image paths are written relative to the output file's
 folder, so the annotation file and the devkit can move together. Box edges given as
 fractions ("273.5") are rounded to the nearest pixel. Objects of classes not in
-``--classes``, difficult objects (unless ``--difficult include``), boxes with no area and
-missing or unreadable XML files are skipped, counted and reported; an image left with no
-objects is written as a background image, as the original did.
+``--classes``, boxes with no area and missing or unreadable XML files are skipped, counted
+and reported; an image left with no objects is written as a background image, as the
+original did. Objects marked difficult are kept with the annotation line's difficult flag
+(``--difficult flag``, the default), so that training leaves them out and VOC mAP neither
+requires nor penalises them, as the devkit does; ``skip`` drops them (the original's
+behaviour), ``include`` keeps them as ordinary objects.
 """
 
 import argparse
@@ -29,6 +32,10 @@ from yolo3.resources import read_classes  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+# What happens to objects marked difficult (see the module docstring).
+DIFFICULT_MODES = ("flag", "skip", "include")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devkit", required=True, help="folder holding VOC2007/, VOC2012/, ...")
@@ -46,9 +53,10 @@ def build_parser():
     )
     parser.add_argument(
         "--difficult",
-        choices=("skip", "include"),
-        default="skip",
-        help="objects marked difficult (default skip, as the original)",
+        choices=DIFFICULT_MODES,
+        default="flag",
+        help="objects marked difficult: flag (default: kept, not trained on, ignored by VOC "
+        "mAP), skip (the original's choice) or include (as ordinary objects)",
     )
     parser.add_argument("--output", required=True, help="annotation file to write")
     parser.add_argument("--classes-output", help="also write the classes used to this file")
@@ -96,14 +104,18 @@ def read_voc_objects(data, name):
     return objects
 
 
-def convert(devkit, sets, class_names, output, *, include_difficult=False):
+def convert(devkit, sets, class_names, output, *, difficult="flag"):
     """Annotation lines for the image sets, with image paths relative to ``output``.
+
+    ``difficult`` is one of :data:`DIFFICULT_MODES` (see the module docstring).
 
     Returns:
         ``(lines, counts, problems)``: lines for :func:`yolo3.annotations.write_annotations`;
         a Counter with ``images``, ``boxes``, ``boxes/<class>``, ``background_images`` and
         ``skipped/<reason>``; a list of messages about missing or unreadable XML files.
     """
+    if difficult not in DIFFICULT_MODES:
+        raise ValueError(f"difficult={difficult!r}; expected one of {DIFFICULT_MODES}")
     class_ids = {name: i for i, name in enumerate(class_names)}
     lines, counts, problems = [], collections.Counter(), []
     for year, image_set in sets:
@@ -125,20 +137,23 @@ def convert(devkit, sets, class_names, output, *, include_difficult=False):
                 counts["skipped/unreadable_xml"] += 1
                 problems.append(str(err))
                 continue
-            boxes, classes = [], []
-            for class_name, difficult, edges in objects:
+            boxes, classes, flags = [], [], []
+            for class_name, is_difficult, edges in objects:
                 if class_name not in class_ids:
                     counts[f"skipped/unknown_class/{class_name}"] += 1
-                elif difficult and not include_difficult:
+                elif is_difficult and difficult == "skip":
                     counts["skipped/difficult"] += 1
                 elif edges is None or edges[2] <= edges[0] or edges[3] <= edges[1]:
                     counts["skipped/bad_box"] += 1
                 else:
                     boxes.append(edges)
                     classes.append(class_ids[class_name])
+                    flags.append(is_difficult and difficult == "flag")
                     counts[f"boxes/{class_name}"] += 1
+                    counts["difficult_boxes"] += flags[-1]
             image = fileio.join(voc, "JPEGImages", f"{image_id}.jpg")
-            lines.append(format_line(relative_image_path(image, output), boxes, classes))
+            line = format_line(relative_image_path(image, output), boxes, classes, flags)
+            lines.append(line)
             counts["images"] += 1
             counts["boxes"] += len(boxes)
             counts["background_images"] += not boxes
@@ -148,7 +163,8 @@ def convert(devkit, sets, class_names, output, *, include_difficult=False):
 def print_summary(counts, class_names, problems):
     print(
         f"{counts['images']} images, {counts['boxes']} boxes, "
-        f"{counts['background_images']} images without boxes",
+        f"{counts['background_images']} images without boxes, "
+        f"{counts['difficult_boxes']} boxes flagged difficult",
     )
     for name in class_names:
         print(f"  {name:>16}: {counts[f'boxes/{name}']}")
@@ -170,7 +186,7 @@ def write_lines(args):
         sets,
         class_names,
         args.output,
-        include_difficult=args.difficult == "include",
+        difficult=args.difficult,
     )
     print_summary(counts, class_names, problems)
     if problems and args.strict:

@@ -6,8 +6,13 @@ One image per line, a path followed by zero or more boxes::
     images/empty.jpg
 
 Each box is ``x_min,y_min,x_max,y_max,class_id``: pixel coordinates in the original image
-and an integer index into the classes file. A line with only a path is a background image.
-Lines starting with ``#`` are comments; blank lines are ignored.
+and an integer index into the classes file. A sixth field ``1`` marks the object difficult
+(PASCAL VOC's flag: ``x_min,y_min,x_max,y_max,class_id,1``); ``0`` or no sixth field, not.
+Difficult objects are left out of training, as Darknet's VOC labels leave them out, and
+are neither required nor penalised when mAP is scored, as in the VOC devkit.
+
+A line with only a path is a background image. Lines starting with ``#`` are comments;
+blank lines are ignored.
 
 Paths may contain spaces. The first whitespace-separated token always belongs to the path;
 the boxes start at the first later token that looks like a box, meaning it contains a comma,
@@ -52,6 +57,7 @@ class Entry:
         classes: ``(M,)`` int64 class ids; ``M == 0`` for a background image.
         source: the annotation file the line came from.
         line: 1-based line number in ``source``.
+        difficult: ``(M,)`` bool, the boxes marked difficult (default: none).
     """
 
     path: str
@@ -59,6 +65,17 @@ class Entry:
     classes: np.ndarray
     source: str
     line: int
+    difficult: np.ndarray = None
+
+    def __post_init__(self):
+        flags = self.difficult
+        flags = np.zeros(len(self.classes), bool) if flags is None else np.asarray(flags, bool)
+        if flags.shape != (len(self.classes),):
+            raise ValueError(
+                f"{self.source}:{self.line}: {flags.size} difficult flags for "
+                f"{len(self.classes)} boxes"
+            )
+        object.__setattr__(self, "difficult", flags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +105,14 @@ def _is_box_token(token):
 
 def _parse_box(token, num_classes, classes_hint):
     fields = token.split(",")
-    if len(fields) != 5:
+    if len(fields) not in (5, 6):
         raise _BadBox(
             "malformed_box",
             f"has {len(fields)} field{'s' * (len(fields) != 1)}; "
-            "expected 5: x_min,y_min,x_max,y_max,class_id",
+            "expected 5: x_min,y_min,x_max,y_max,class_id (and 1 for a difficult object)",
         )
+    if len(fields) == 6 and fields[5] not in ("0", "1"):
+        raise _BadBox("bad_difficult_flag", f"has difficult flag {fields[5]!r}; expected 0 or 1")
     coordinates = []
     for field in fields[:4]:
         try:
@@ -118,7 +137,7 @@ def _parse_box(token, num_classes, classes_hint):
         raise _BadBox("inverted_box", f"has {axis}")
     if x_max == x_min or y_max == y_min:
         raise _BadBox("zero_area_box", "has zero width or height")
-    return coordinates, class_id
+    return coordinates, class_id, len(fields) == 6 and fields[5] == "1"
 
 
 def _split_line(line):
@@ -213,10 +232,10 @@ def parse_annotations(path, *, num_classes, image_root=None):
             rejects.append(Reject(path, number, "missing_path", message, "line"))
             counts["rejected_lines"] += 1
             continue
-        boxes, classes, line_rejects = [], [], []
+        boxes, classes, difficult, line_rejects = [], [], [], []
         for token in box_tokens:
             try:
-                box, class_id = _parse_box(token, num_classes, classes_hint)
+                box, class_id, is_difficult = _parse_box(token, num_classes, classes_hint)
             except _BadBox as bad:
                 line_rejects.append(
                     Reject(
@@ -230,6 +249,7 @@ def parse_annotations(path, *, num_classes, image_root=None):
                 continue
             boxes.append(box)
             classes.append(class_id)
+            difficult.append(is_difficult)
         rejects.extend(line_rejects)
         counts["rejected_boxes"] += len(line_rejects)
         if line_rejects and not boxes:
@@ -252,6 +272,7 @@ def parse_annotations(path, *, num_classes, image_root=None):
                 classes=np.asarray(classes, dtype=np.int64),
                 source=path,
                 line=number,
+                difficult=np.asarray(difficult, dtype=bool),
             )
         )
         counts["images"] += 1
@@ -283,7 +304,7 @@ def _format_number(value):
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def format_line(path, boxes, classes):
+def format_line(path, boxes, classes, difficult=None):
     """One annotation line (no newline) that :func:`parse_annotations` reads back exactly.
 
     Args:
@@ -291,6 +312,7 @@ def format_line(path, boxes, classes):
         boxes: ``(M, 4)`` ``x_min, y_min, x_max, y_max`` in pixels; whole numbers are
             written without a decimal point.
         classes: ``(M,)`` integer class ids.
+        difficult: ``(M,)`` bool, or None for none; difficult boxes get a sixth field ``1``.
 
     Raises:
         ValueError when the path would not read back as a path (empty, a newline, a
@@ -301,6 +323,9 @@ def format_line(path, boxes, classes):
     classes = np.asarray(classes).reshape(-1)
     if len(boxes) != len(classes):
         raise ValueError(f"{len(boxes)} boxes but {len(classes)} class ids for {path}")
+    difficult = np.zeros(len(classes), bool) if difficult is None else np.asarray(difficult)
+    if difficult.shape != (len(classes),):
+        raise ValueError(f"{difficult.size} difficult flags for {len(classes)} boxes of {path}")
     tokens = path.split()
     if not tokens or "\n" in path or "\r" in path or tokens[0].startswith("#"):
         raise ValueError(f"image path {path!r} cannot be written on an annotation line")
@@ -311,8 +336,9 @@ def format_line(path, boxes, classes):
             f"image path {path!r} has a space-separated part that reads as a box; rename it"
         )
     fields = [path.strip()]
-    for box, class_id in zip(boxes, classes):
-        fields.append(",".join([_format_number(v) for v in box] + [str(int(class_id))]))
+    for box, class_id, is_difficult in zip(boxes, classes, difficult):
+        values = [_format_number(v) for v in box] + [str(int(class_id))]
+        fields.append(",".join(values + ["1"] * bool(is_difficult)))
     return " ".join(fields)
 
 

@@ -201,6 +201,8 @@ def make_dataset(
         image = tf.ensure_shape(example["image"], [*input_hw, 3])
         classes = tf.cast(example["classes"][:, None], tf.float32)
         boxes = tf.concat([example["boxes"], classes], axis=-1)
+        # Objects marked difficult are not trained on (Darknet's VOC labels leave them out).
+        boxes = tf.boolean_mask(boxes, tf.logical_not(example["difficult"]))
         if flip > 0:
             image, boxes = random_flip(
                 image, boxes, tf.stack([tf.constant(seed, tf.int64), index]), flip

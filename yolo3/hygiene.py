@@ -59,6 +59,7 @@ def drop_rare_classes(entries, class_names, min_images):
                 entry,
                 boxes=entry.boxes[mask],
                 classes=new_ids[entry.classes[mask]].astype(np.int64),
+                difficult=entry.difficult[mask],
             )
         )
     dropped = [

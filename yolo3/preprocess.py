@@ -106,6 +106,7 @@ class Task:
     path: str
     boxes: np.ndarray  # (M, 4) float64, source image pixels
     classes: np.ndarray  # (M,) int64
+    difficult: np.ndarray  # (M,) bool
     source: str
     line: int
     copies: int
@@ -176,6 +177,7 @@ def process_image(task):
     counts.update(notes)
     rejects = []
     boxes, classes = task.boxes.reshape(-1, 4), task.classes.reshape(-1)
+    difficult = task.difficult.reshape(-1)
     clipped, was_clipped = clip_boxes(boxes, image.shape[:2])
     inside = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
     for box in boxes[~inside]:
@@ -186,7 +188,7 @@ def process_image(task):
         )
         rejects.append(("box_outside_image", message))
     counts["boxes_clipped"] += int(np.sum(was_clipped & inside))
-    boxes, classes = clipped[inside], classes[inside]
+    boxes, classes, difficult = clipped[inside], classes[inside], difficult[inside]
 
     records = []
     for copy in range(task.copies + 1):
@@ -207,6 +209,7 @@ def process_image(task):
                 "width": task.input_size[1],
                 "boxes": np.asarray(out_boxes, np.float32)[keep],
                 "classes": classes[keep],
+                "difficult": difficult[keep],
                 "source": task.path,
                 "line": task.line,
                 "copy": copy,
@@ -308,6 +311,7 @@ def _tasks(plan, config):
                 path=entry.path,
                 boxes=entry.boxes,
                 classes=entry.classes,
+                difficult=entry.difficult,
                 source=entry.source,
                 line=entry.line,
                 copies=copies,
@@ -371,6 +375,8 @@ def _inputs_digest(items):
     digest = hashlib.sha256()
     for ordinal, entry in items:
         fields = [ordinal, entry.path, entry.boxes.tolist(), entry.classes.tolist()]
+        if entry.difficult.any():  # digests of sets without the flag stay as they were
+            fields.append(entry.difficult.tolist())
         digest.update(json.dumps([*fields, entry.source, entry.line]).encode())
     return digest.hexdigest()
 

@@ -20,6 +20,8 @@ Every record is one training image, already letterboxed (clean copy) or augmente
 ``source``          bytes       the source image path
 ``line``            int64       the 1-based line of the source in its annotation file
 ``copy``            int64       0 for the clean copy, 1..K for augmented copies
+``difficult``       int64 list  ``M`` flags, 1 for an object marked difficult; absent when
+                                none is (then all 0)
 ==================  ==========  ==========================================================
 """
 
@@ -49,6 +51,7 @@ _FEATURES = {
     "source": tf.io.FixedLenFeature([], tf.string, default_value=b""),
     "line": tf.io.FixedLenFeature([], tf.int64, default_value=0),
     "copy": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "difficult": tf.io.VarLenFeature(tf.int64),
 }
 
 
@@ -70,7 +73,8 @@ def serialize_example(record):
     Args:
         record: a mapping with ``image`` (bytes), ``format`` (``"jpeg"`` or ``"raw"``),
             ``height``, ``width``, ``boxes`` ((M, 4) float, stored-image pixels),
-            ``classes`` ((M,) int), ``source`` (str), ``line`` and ``copy`` (ints).
+            ``classes`` ((M,) int), ``source`` (str), ``line`` and ``copy`` (ints), and
+            optionally ``difficult`` ((M,) bool; written only when a box is difficult).
     """
     boxes = np.asarray(record["boxes"], np.float32).reshape(-1)
     feature = {
@@ -84,6 +88,9 @@ def serialize_example(record):
         "line": _ints([record["line"]]),
         "copy": _ints([record["copy"]]),
     }
+    difficult = np.asarray(record.get("difficult", ()), bool).reshape(-1)
+    if difficult.any():
+        feature["difficult"] = _ints(difficult)
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     # Protobuf writes map entries (the features) in an order that may change from one
     # process to the next; sorted keys keep shards byte-identical across runs and resumes.
@@ -99,7 +106,8 @@ def parse_example(serialized, image_format):
 
     Returns:
         A dict: ``image`` ``(H, W, 3)`` uint8, ``boxes`` ``(M, 4)`` float32 in image pixels,
-        ``classes`` ``(M,)`` int32, ``source`` string, ``copy`` int64.
+        ``classes`` ``(M,)`` int32, ``difficult`` ``(M,)`` bool, ``source`` string, ``copy``
+        int64.
     """
     features = tf.io.parse_single_example(serialized, _FEATURES)
     height, width = features["height"], features["width"]
@@ -109,10 +117,15 @@ def parse_example(serialized, image_format):
         image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8), [height, width, 3])
     else:
         raise ValueError(f"unknown image format {image_format!r}; expected one of {IMAGE_FORMATS}")
+    classes = tf.cast(tf.sparse.to_dense(features["classes"]), tf.int32)
+    difficult = tf.sparse.to_dense(features["difficult"])
+    # Absent (no difficult box): padded to one 0 per box.
+    difficult = tf.pad(difficult, [[0, tf.size(classes) - tf.size(difficult)]]) > 0
     return {
         "image": image,
         "boxes": tf.reshape(tf.sparse.to_dense(features["boxes"]), [-1, 4]),
-        "classes": tf.cast(tf.sparse.to_dense(features["classes"]), tf.int32),
+        "classes": classes,
+        "difficult": difficult,
         "source": features["source"],
         "copy": features["copy"],
     }
@@ -137,10 +150,20 @@ def parse_example_numpy(serialized):
         "width": width,
         "boxes": np.asarray(feature["boxes"].float_list.value, np.float32).reshape(-1, 4),
         "classes": np.asarray(feature["classes"].int64_list.value, np.int64),
+        "difficult": _difficult_flags(feature, len(feature["classes"].int64_list.value)),
         "source": feature["source"].bytes_list.value[0].decode(),
         "line": feature["line"].int64_list.value[0],
         "copy": feature["copy"].int64_list.value[0],
     }
+
+
+def _difficult_flags(feature, count):
+    if "difficult" not in feature:
+        return np.zeros(count, bool)
+    flags = np.asarray(feature["difficult"].int64_list.value, np.int64) > 0
+    if len(flags) != count:
+        raise ValueError(f"a record has {len(flags)} difficult flags for {count} boxes")
+    return flags
 
 
 def file_sha256(path):

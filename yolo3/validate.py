@@ -67,6 +67,7 @@ def iterate_records(record_set, split="val"):
                 {
                     "boxes": record["boxes"],
                     "classes": record["classes"],
+                    "difficult": record["difficult"],
                     "image_hw": image.shape[:2],
                 },
             )
@@ -95,6 +96,7 @@ def iterate_annotations(path, num_classes, image_root=None, skipped=None):
             {
                 "boxes": entry.boxes,
                 "classes": entry.classes,
+                "difficult": entry.difficult,
                 "image_hw": image.shape[:2],
             },
         )
