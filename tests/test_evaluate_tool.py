@@ -142,3 +142,110 @@ def test_anchor_masks_come_from_the_file_or_the_flag(run_folder, tmp_path, capsy
     capsys.readouterr()
     assert evaluate_tool.main([*args, "--anchor-masks", "3,4,5 1,2,x"]) == 2
     assert "--anchor-masks" in capsys.readouterr().err
+
+
+# A tiny model whose stride-32 head is confident of class 1 in anchor slot 0 at every cell
+# and silent elsewhere: at 64 px each 128 x 96 image gets four boxes at known places.
+COCO_BOXES = [[20, 6, 44, 26], [20, 70, 44, 90], [84, 6, 108, 26], [84, 70, 108, 90]]
+
+
+def _constant_head_weights(path):
+    from yolo3.model import build_model
+
+    model = build_model("tiny", 2, input_size=64)
+    for name, confident in (("conv_9", True), ("conv_12", False)):
+        layer = model.get_layer(name)
+        bias = np.full(layer.bias.shape, -12.0, np.float32)  # objectness, classes silent
+        for slot in range(3):
+            bias[slot * 7 : slot * 7 + 4] = 0.0  # box offsets (7 = 5 + 2 classes per slot)
+        if confident:
+            bias[4], bias[5 + 1] = 12.0, 12.0  # slot 0: objectness and class 1
+        layer.set_weights([np.zeros(layer.kernel.shape, np.float32), bias])
+    save_weights(model, path, {"model_type": "tiny", "num_classes": 2})
+
+
+def test_coco_json_scores_exactly_as_pycocotools_on_the_file(tmp_path, capsys):
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from yolo3.evaluate import COCO_METRICS
+
+    images = tmp_path / "val"
+    images.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        Image.new("RGB", (128, 96), (90, 90, 90)).save(images / name)
+    # Category ids are not contiguous; areas are segmentation areas, not box areas; image 7
+    # has a crowd region over one detection and a box no detection finds.
+    data = {
+        "images": [
+            {"id": 7, "file_name": "a.jpg", "width": 128, "height": 96},
+            {"id": 42, "file_name": "b.jpg", "width": 128, "height": 96},
+        ],
+        "categories": [{"id": 1, "name": "cat"}, {"id": 3, "name": "dog"}],
+        "annotations": [
+            {"id": 1, "image_id": 7, "category_id": 3, "bbox": [20.4, 6.2, 23.5, 19.7],
+             "area": 301.5, "iscrowd": 0},
+            {"id": 2, "image_id": 7, "category_id": 3, "bbox": [80, 64, 34, 30],
+             "area": 950.0, "iscrowd": 1},
+            {"id": 3, "image_id": 7, "category_id": 1, "bbox": [50, 40, 20, 20],
+             "area": 380.0, "iscrowd": 0},
+            {"id": 4, "image_id": 42, "category_id": 3, "bbox": [84, 6, 24, 20],
+             "area": 2000.0, "iscrowd": 0},
+            {"id": 5, "image_id": 42, "category_id": 3, "bbox": [21, 71, 22, 18],
+             "area": 396.0, "iscrowd": 0},
+        ],
+    }  # fmt: skip
+    annotation_file = tmp_path / "instances_val.json"
+    annotation_file.write_text(json.dumps(data))
+    weights = str(tmp_path / "constant.weights.h5")
+    _constant_head_weights(weights)
+    anchors = tmp_path / "anchors.txt"
+    anchors.write_text("8,10, 16,20, 24,24, 12,10, 40,40, 60,60")  # slot 0 of stride 32: 12x10
+    classes = tmp_path / "classes.txt"
+    classes.write_text("cat\ndog\n")
+    output = tmp_path / "eval"
+    argv = ["--weights", weights, "--anchors", str(anchors), "--coco-json", str(annotation_file),
+            "--images", str(images), "--input-size", "64", "--output", str(output)]  # fmt: skip
+    assert evaluate_tool.main([*argv, "--classes", str(classes)]) == 0
+
+    results = json.loads((output / "coco_results.json").read_text())
+    assert {r["image_id"] for r in results} == {7, 42}
+    assert {r["category_id"] for r in results} == {3}  # class 1 -> the file's id 3
+    for image_id in (7, 42):
+        found = [r["bbox"] for r in results if r["image_id"] == image_id]
+        boxes = sorted([x, y, x + w, y + h] for x, y, w, h in found)
+        np.testing.assert_allclose(boxes, COCO_BOXES, atol=0.01)  # original pixels
+    # The oracle: pycocotools on the unmodified file and the written results file.
+    coco_truth = COCO(str(annotation_file))
+    evaluator = COCOeval(coco_truth, coco_truth.loadRes(str(output / "coco_results.json")), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    metrics = json.loads((output / "metrics.json").read_text())["coco"]
+    for name, value in zip(COCO_METRICS, evaluator.stats):
+        assert metrics[name] == (None if value == -1 else pytest.approx(value, abs=1e-12)), name
+    # The crowd region matters here: scored as an ordinary box (as keras-yolo3 lines would
+    # have it), the detection on it would be a false positive or a match, and AP50 differ.
+    flat = json.loads(json.dumps(data))
+    flat["annotations"][1]["iscrowd"] = 0
+    (tmp_path / "flat.json").write_text(json.dumps(flat))
+    flat_truth = COCO(str(tmp_path / "flat.json"))
+    flat_eval = COCOeval(flat_truth, flat_truth.loadRes(str(output / "coco_results.json")), "bbox")
+    flat_eval.evaluate()
+    flat_eval.accumulate()
+    flat_eval.summarize()
+    assert flat_eval.stats[1] != pytest.approx(metrics["AP50"], abs=1e-6)
+    assert "COCO AP" in capsys.readouterr().out
+
+    # Without --classes the file's categories in order of id are the classes.
+    assert evaluate_tool.main([*argv, "--output", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "coco_results.json").read_text())
+    assert again == results
+    # An image-info file (test-dev): the same detections, written for the server, not scored.
+    info = {key: data[key] for key in ("images", "categories")}
+    (tmp_path / "image_info.json").write_text(json.dumps(info))
+    argv[argv.index("--coco-json") + 1] = str(tmp_path / "image_info.json")
+    assert evaluate_tool.main([*argv, "--output", str(tmp_path / "server")]) == 0
+    assert json.loads((tmp_path / "server" / "coco_results.json").read_text()) == results
+    assert json.loads((tmp_path / "server" / "metrics.json").read_text())["coco"] is None
+    assert "not scored" in capsys.readouterr().out

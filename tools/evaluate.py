@@ -3,11 +3,19 @@
     python tools/evaluate.py --weights logs/run/checkpoints/best.weights.h5 --records rec
     python tools/evaluate.py --weights yolov3.weights.h5 --annotations val.txt \\
         --classes model_data/coco_classes.txt --anchors model_data/yolo_anchors.txt
+    python tools/evaluate.py --weights yolov3.weights.h5 --anchors model_data/yolo_anchors.txt \\
+        --coco-json annotations/instances_val2017.json --images val2017
     CUDA_VISIBLE_DEVICES=3 python tools/evaluate.py --watch logs/run
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
 curve per class (``pr/``) and ``gallery.png`` (true boxes dashed green, detections in
 class colours) to ``--output``.
+
+``--coco-json`` scores the way published COCO figures are scored: detections on the
+original images, with the file's image and category ids, by pycocotools against the
+unmodified annotation file (crowd regions ignored, segmentation areas for small, medium and
+large). It writes ``metrics.json`` and ``coco_results.json``, a results file the COCO
+evaluation server accepts (rename it as the server asks, ``detections_<set>_<name>_results.json``).
 
 ``--watch LOG_DIR`` follows a training run: each time ``checkpoints/last.weights.h5``
 holds a new epoch it is evaluated on the run's validation records, the figures go to
@@ -28,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from yolo3 import records, validate  # noqa: E402
+from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import argument_type, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
@@ -44,6 +52,8 @@ def build_parser():
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--records", help="record set; its --split is evaluated")
     source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
+    source.add_argument("--coco-json", help="COCO annotation file, scored as published figures are")
+    parser.add_argument("--images", help="--coco-json: the folder of its images")
     parser.add_argument("--split", default="val", help="record-set split (default: val)")
     parser.add_argument("--classes", help="classes file (annotation files; record sets have it)")
     parser.add_argument("--anchors", help="anchors file (default: from the weights' metadata)")
@@ -131,8 +141,12 @@ def _figure(value):
 
 
 def single(args):
-    if not args.weights or not (args.records or args.annotations):
-        raise ValueError("give --weights and --records or --annotations (or --watch LOG_DIR)")
+    if not args.weights or not (args.records or args.annotations or args.coco_json):
+        raise ValueError(
+            "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
+        )
+    if args.coco_json:
+        return coco_json(args)
     metadata = read_metadata(args.weights) or {}
     # A record set's manifest is read here once and handed on.
     source = records.open_record_set(args.records) if args.records else args.annotations
@@ -140,6 +154,55 @@ def single(args):
     anchors = _anchors_for(args, metadata)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
     evaluate_once(args, args.weights, source, class_names, anchors, output)
+    return 0
+
+
+def coco_json(args, log=print):
+    """``--coco-json``: detection on the original images, scored by pycocotools."""
+    import json  # noqa: PLC0415
+
+    from yolo3 import evaluate  # noqa: PLC0415
+
+    if not args.images:
+        raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
+    metadata = read_metadata(args.weights) or {}
+    anchors = _anchors_for(args, metadata)
+    if args.classes:
+        class_names = validate.source_classes(args.coco_json, args.classes)
+    else:  # the file's categories in order of id, as tools/coco_annotation.py numbers them
+        data = json.loads(fileio.read_bytes(args.coco_json))
+        class_names = [c["name"] for c in sorted(data.get("categories", []), key=lambda c: c["id"])]
+    model, anchors, anchor_masks = _model_for(
+        args.weights, anchors, len(class_names), args.input_size, args.anchor_masks
+    )
+    results, metrics, num_images = validate.evaluate_coco_json(
+        model,
+        args.coco_json,
+        args.images,
+        anchors=anchors,
+        class_names=class_names,
+        anchor_masks=anchor_masks,
+        batch_size=args.batch_size,
+        limit=args.limit,
+    )
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    os.makedirs(output, exist_ok=True)
+    fileio.write_json(os.path.join(output, "coco_results.json"), results, indent=None)
+    summary = {
+        "annotation_file": os.path.abspath(args.coco_json),
+        "num_images": num_images,
+        "num_detections": len(results),
+        "coco": metrics,
+    }
+    fileio.write_json(os.path.join(output, "metrics.json"), validate.json_safe(summary))
+    if metrics is None:
+        log(f"{args.coco_json} has no annotations: detections written, not scored")
+    else:
+        names = evaluate.COCO_METRICS[:6]
+        log("COCO " + "  ".join(f"{name} {_figure(metrics[name])}" for name in names))
+        for note in metrics["notes"]:
+            log(f"note: {note}")
+    log(f"{num_images} images, {len(results)} detections; results in {output}")
     return 0
 
 

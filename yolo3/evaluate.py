@@ -345,28 +345,13 @@ def evaluate_coco(ground_truth, detections, *, num_classes, class_names=None, ve
     dataset, results = to_coco(
         ground_truth, detections, num_classes=num_classes, class_names=class_names
     )
-    notes = []
     printing = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with printing:
         coco_truth = COCO()
         coco_truth.dataset = dataset
         coco_truth.createIndex()
-        if results:
-            # loadRes adds ids and areas to the dicts it is given.
-            coco_found = coco_truth.loadRes(copy.deepcopy(results))
-        else:
-            notes.append("no detections: every metric with ground truth is 0")
-            coco_found = COCO()
-            coco_found.dataset = {
-                "images": dataset["images"],
-                "categories": dataset["categories"],
-                "annotations": [],
-            }
-            coco_found.createIndex()
-        evaluator = COCOeval(coco_truth, coco_found, iouType="bbox")
-        evaluator.evaluate()
-        evaluator.accumulate()
-        evaluator.summarize()
+    metrics = score_coco(coco_truth, results, verbose=verbose)
+    notes = metrics["notes"]
     if not dataset["annotations"]:
         notes.append("no ground truth: every metric is undefined (NaN)")
     num_difficult = sum(
@@ -375,12 +360,86 @@ def evaluate_coco(ground_truth, detections, *, num_classes, class_names=None, ve
     )
     if num_difficult:
         notes.append(f"{num_difficult} difficult boxes counted as ordinary ground truth")
+    return metrics
+
+
+def score_coco(coco_truth, results, *, image_ids=None, verbose=False):
+    """pycocotools' bbox evaluation of ``results`` against a loaded ``COCO`` ground truth.
+
+    Args:
+        coco_truth: ``pycocotools.coco.COCO`` (an official annotation file, or one built
+            by :func:`to_coco`).
+        results: COCO results entries, ``{"image_id", "category_id", "bbox": [x, y, w, h],
+            "score"}``, as the evaluation server takes them.
+        image_ids: score only these images (default: all of the ground truth).
+
+    Returns:
+        ``{name: float for name in COCO_METRICS}`` (NaN where no ground truth is in range)
+        and ``"notes"``.
+    """
+    notes = []
+    printing = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+    with printing:
+        if results:
+            # loadRes adds ids and areas to the dicts it is given.
+            coco_found = coco_truth.loadRes(copy.deepcopy(list(results)))
+        else:
+            notes.append("no detections: every metric with ground truth is 0")
+            coco_found = COCO()
+            coco_found.dataset = {
+                "images": coco_truth.dataset["images"],
+                "categories": coco_truth.dataset["categories"],
+                "annotations": [],
+            }
+            coco_found.createIndex()
+        evaluator = COCOeval(coco_truth, coco_found, iouType="bbox")
+        if image_ids is not None:
+            evaluator.params.imgIds = sorted(image_ids)
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
     metrics = {
         name: float(value) if value > -1 else float("nan")
         for name, value in zip(COCO_METRICS, evaluator.stats)
     }
     metrics["notes"] = notes
     return metrics
+
+
+def coco_category_ids(categories, class_names):
+    """The COCO category id of each class, index = class id.
+
+    With as many classes as categories, class ``i`` is the ``i``-th category in order of id,
+    the order ``tools/coco_annotation.py`` numbers classes in and Darknet's COCO mapping
+    (80 contiguous classes onto ids 1..90). Otherwise classes are matched by name.
+    """
+    ordered = sorted(categories, key=lambda category: category["id"])
+    if len(ordered) == len(class_names):
+        return [int(category["id"]) for category in ordered]
+    by_name = {category["name"]: int(category["id"]) for category in ordered}
+    missing = [name for name in class_names if name not in by_name]
+    if missing:
+        raise ValueError(
+            f"{len(class_names)} classes but the annotation file has {len(ordered)} categories, "
+            f"and classes {missing[:5]} are not among their names; give the classes file the "
+            "model was trained with, in the order of the category ids"
+        )
+    return [by_name[name] for name in class_names]
+
+
+def to_coco_results(image_id, detection, category_ids):
+    """Results-file entries of one image's detections (boxes in original pixels)."""
+    return [
+        {
+            "image_id": int(image_id),
+            "category_id": int(category_ids[int(class_id)]),
+            "bbox": [round(v, 2) for v in _xywh(box)],
+            "score": round(float(score), 5),
+        }
+        for box, score, class_id in zip(
+            detection["boxes"], detection["scores"], detection["classes"]
+        )
+    ]
 
 
 def _pair_images(ground_truth, detections):

@@ -11,7 +11,10 @@ Sources of ground truth:
 per-class table, a JSON summary, one precision-recall curve per class and a gallery.
 """
 
+import contextlib
 import dataclasses
+import io
+import json
 import math
 import os
 
@@ -193,6 +196,90 @@ def evaluate_model(
     return Evaluation(voc, voc07, coco_metrics, len(truths), list(class_names), gallery, skipped)
 
 
+def evaluate_coco_json(
+    model,
+    annotation_file,
+    images_dir,
+    *,
+    anchors,
+    class_names,
+    anchor_masks=None,
+    batch_size=16,
+    limit=None,
+    progress=None,
+):
+    """Detects on the images of a COCO annotation file and scores against the file itself.
+
+    The file is what pycocotools scores against, unmodified: crowd regions stay crowd
+    regions (detections on them are ignored, not false positives), object sizes are the
+    file's segmentation areas, and boxes are not rounded. Detections are in original pixels
+    with the file's image and category ids (:func:`yolo3.evaluate.coco_category_ids`).
+
+    Args:
+        model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
+        annotation_file: e.g. ``instances_val2017.json``.
+        images_dir: the folder its ``file_name`` entries are in.
+        limit: only the first ``limit`` images in order of id (and only they are scored).
+
+    Returns:
+        ``(results, metrics, num_images)``: the results entries (a results file for the
+        evaluation server), :func:`yolo3.evaluate.score_coco`'s metrics (None for a file
+        without annotations, such as test-dev's image info), the image count.
+    """
+    from pycocotools.coco import COCO  # noqa: PLC0415 - COCO scoring only
+
+    try:
+        data = json.loads(fileio.read_bytes(annotation_file))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{annotation_file} is not valid JSON: {err}") from err
+    for key in ("images", "categories"):
+        if key not in data:
+            raise ValueError(f"{annotation_file} has no {key!r}: not a COCO annotation file")
+    # An image-info file (test-dev) lists images without annotations: nothing to score.
+    scored = "annotations" in data
+    data.setdefault("annotations", [])
+    coco_truth = COCO()
+    coco_truth.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco_truth.createIndex()
+    category_ids = evaluate.coco_category_ids(data["categories"], class_names)
+    detector = Detector.from_model(
+        model,
+        anchors,
+        class_names,
+        score_threshold=MAP_SCORE_THRESHOLD,
+        max_detections=MAP_MAX_DETECTIONS,
+        anchor_masks=anchor_masks,
+    )
+    image_ids = sorted(coco_truth.getImgIds())[:limit]
+    if not image_ids:
+        raise ValueError(f"{annotation_file} lists no images")
+    results = []
+    for start in range(0, len(image_ids), batch_size):
+        chunk = image_ids[start : start + batch_size]
+        images = [_coco_image(coco_truth.imgs[i], images_dir, annotation_file) for i in chunk]
+        for image_id, detection in zip(chunk, detector.detect(images)):
+            results.extend(evaluate.to_coco_results(image_id, detection, category_ids))
+        if progress:
+            progress(start + len(chunk))
+    metrics = evaluate.score_coco(coco_truth, results, image_ids=image_ids) if scored else None
+    return results, metrics, len(image_ids)
+
+
+def _coco_image(info, images_dir, annotation_file):
+    """The image of a COCO ``images`` entry; a missing or resized file is an error, since
+    leaving an image out would change the score."""
+    path = fileio.join(images_dir, info["file_name"])
+    image = load_rgb(path)
+    expected = (info.get("height"), info.get("width"))
+    if None not in expected and tuple(image.shape[:2]) != expected:
+        raise ValueError(
+            f"{path} is {image.shape[1]}x{image.shape[0]} px but {annotation_file} says "
+            f"{expected[1]}x{expected[0]} (image id {info['id']}); use the original images"
+        )
+    return image
+
+
 def write_report(evaluation, output_dir, *, curves=True, gallery=True):
     """Writes ``metrics.json``, ``table.txt``, ``pr/<class>.png`` and ``gallery.png``.
 
@@ -206,7 +293,7 @@ def write_report(evaluation, output_dir, *, curves=True, gallery=True):
     summary["mAP50_voc07"] = evaluation.voc07.mean_ap
     summary["num_images"] = evaluation.num_images
     summary["skipped"] = list(evaluation.skipped)
-    fileio.write_json(os.path.join(output_dir, "metrics.json"), _json_safe(summary))
+    fileio.write_json(os.path.join(output_dir, "metrics.json"), json_safe(summary))
     with atomic_write(os.path.join(output_dir, "table.txt")) as temp:
         with open(temp, "w", encoding="utf-8") as f:
             f.write(table + "\n")
@@ -234,16 +321,16 @@ def _file_safe(name):
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
-def _json_safe(value):
+def json_safe(value):
     """``value`` with NumPy numbers as Python ones and NaN or infinities as None.
 
     JSON has no non-finite numbers (``json.dumps`` would write the non-standard ``NaN``);
     an AP is NaN for a class with no ground truth.
     """
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple, np.ndarray)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
