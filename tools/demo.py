@@ -43,6 +43,9 @@ def build_parser():
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=8e-3)
+    # Darknet's .7 (train.py's default) scored 0.894 and 0.902 mAP@0.5 here against 0.927
+    # and 0.935 for .5 (seeds 0 and 1): on six epochs from scratch, .5 teaches more.
+    parser.add_argument("--ignore-thresh", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -84,7 +87,8 @@ def run(args):
         "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),
         "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
         "--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size),
-        "--warmup-epochs", "1", "--seed", str(args.seed), "--gpus", "0", *quiet,
+        "--warmup-epochs", "1", "--ignore-thresh", str(args.ignore_thresh),
+        "--seed", str(args.seed), "--gpus", "0", *quiet,
         *(["--resume"] if (log_dir / "checkpoints" / "state.weights.h5").exists() else []),
     ], timings)  # fmt: skip
     _run("evaluate on the held-out images", "tools/evaluate.py", [
