@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo3 import fileio  # noqa: E402
 from yolo3.cli import argument_type, run_main  # noqa: E402
 from yolo3.detect import Detector, draw_detections  # noqa: E402
-from yolo3.image import load_rgb  # noqa: E402
+from yolo3.image import RESAMPLING, load_rgb  # noqa: E402
 from yolo3.resources import parse_anchor_masks  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +48,12 @@ def build_parser():
         type=argument_type(parse_anchor_masks),
         help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
         "weights file records; the original keras-yolo3's for its .h5 files)",
+    )
+    parser.add_argument(
+        "--resampling",
+        choices=RESAMPLING,
+        help="how images are letterboxed (default: darknet for weights converted from "
+        "Darknet, else bicubic as in training)",
     )
     parser.add_argument("--score", type=float, default=0.3, help="score threshold")
     parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
@@ -225,6 +231,7 @@ def detect(args):
         iou_threshold=args.iou,
         max_detections=args.max_detections,
         anchor_masks=args.anchor_masks,
+        resampling=args.resampling,
     )
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)

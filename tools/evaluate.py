@@ -39,9 +39,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import argument_type, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
+from yolo3.image import RESAMPLING  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
 from yolo3.resources import model_type_for_anchors, parse_anchor_masks, read_anchors  # noqa: E402
-from yolo3.weights import load_weights, read_metadata, stored_anchor_masks  # noqa: E402
+from yolo3.weights import (  # noqa: E402
+    load_weights,
+    read_metadata,
+    stored_anchor_masks,
+    stored_resampling,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,6 +74,12 @@ def build_parser():
         type=int,
         default=416,
         help="network input for annotation files (record sets have theirs)",
+    )
+    parser.add_argument(
+        "--resampling",
+        choices=RESAMPLING,
+        help="how images are letterboxed (default: darknet for weights converted from "
+        "Darknet, else bicubic as in training)",
     )
     parser.add_argument("--image-root", help="folder relative image paths start from")
     parser.add_argument("--output", help="report folder (default: beside the weights)")
@@ -117,6 +129,7 @@ def evaluate_once(args, weights, source, class_names, anchors, output, log=print
         source,
         anchors=anchors,
         anchor_masks=anchor_masks,
+        resampling=args.resampling or stored_resampling(weights),
         class_names=class_names,
         split=args.split,
         batch_size=args.batch_size,
@@ -182,6 +195,7 @@ def coco_json(args, log=print):
         anchors=anchors,
         class_names=class_names,
         anchor_masks=anchor_masks,
+        resampling=args.resampling or stored_resampling(args.weights),
         batch_size=args.batch_size,
         limit=args.limit,
     )

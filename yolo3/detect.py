@@ -17,7 +17,7 @@ import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
 from yolo3 import weights as weights_io
-from yolo3.image import letterbox_image, to_rgb
+from yolo3.image import RESAMPLING, letterbox_darknet, letterbox_image, to_rgb
 from yolo3.model import build_model, head_layer_names
 from yolo3.postprocess import postprocess
 from yolo3.resources import (
@@ -44,6 +44,10 @@ class Detector:
         anchor_masks: anchors per head, largest stride first; default: what the weights
             file records (:func:`yolo3.weights.stored_anchor_masks`), else the default for
             the anchor count.
+        resampling: how images are letterboxed, ``"bicubic"`` (PIL, as this library's
+            preprocessing and the original keras-yolo3) or ``"darknet"`` (Darknet's own
+            resize, :func:`yolo3.image.letterbox_darknet`); default: ``"darknet"`` for
+            weights converted from Darknet, else ``"bicubic"``.
 
     Raises:
         ValueError naming both class counts when the weights were trained for a different
@@ -62,6 +66,7 @@ class Detector:
         iou_threshold=0.45,
         max_detections=100,
         anchor_masks=None,
+        resampling=None,
     ):
         weights_path, classes_path = str(weights_path), str(classes_path)
         anchors = read_anchors(anchors_path)
@@ -95,6 +100,7 @@ class Detector:
             iou_threshold=iou_threshold,
             max_detections=max_detections,
             anchor_masks=anchor_masks,
+            resampling=resampling or weights_io.stored_resampling(weights_path),
         )
 
     @classmethod
@@ -109,6 +115,7 @@ class Detector:
         iou_threshold=0.45,
         max_detections=100,
         anchor_masks=None,
+        resampling="bicubic",
     ):
         """A detector around an already built (and loaded) Keras model.
 
@@ -129,6 +136,7 @@ class Detector:
             iou_threshold=iou_threshold,
             max_detections=max_detections,
             anchor_masks=_resolve_masks(anchors, anchor_masks, None),
+            resampling=resampling,
         )
         return detector
 
@@ -143,7 +151,10 @@ class Detector:
         iou_threshold,
         max_detections,
         anchor_masks,
+        resampling,
     ):
+        if resampling not in RESAMPLING:
+            raise ValueError(f"resampling {resampling!r}: use one of {RESAMPLING}")
         num_heads = len(getattr(model, "outputs", None) or anchor_masks)
         if num_heads != len(anchor_masks):
             raise ValueError(
@@ -169,6 +180,7 @@ class Detector:
         self.score_threshold = score_threshold
         self.iou_threshold = iou_threshold
         self.max_detections = max_detections
+        self.resampling = resampling
         # A fixed signature with an open batch axis: one trace serves every batch size. The
         # thresholds are baked in at that trace, so they are fixed for the detector's life.
         self._predict = tf.function(
@@ -178,6 +190,12 @@ class Detector:
                 tf.TensorSpec((None, 2), tf.int32),
             ],
         )
+
+    def letterbox(self, image):
+        """The network input for one image: ``(H, W, 3)`` float32 in [0, 1]."""
+        if self.resampling == "darknet":
+            return letterbox_darknet(image, self.input_hw)
+        return letterbox_image(image, self.input_hw).astype(np.float32) / np.float32(255)
 
     def _predict_batch(self, inputs, image_hw):
         outputs = self.model(inputs, training=False)
@@ -218,8 +236,8 @@ class Detector:
                 sizes.append((image.height, image.width))
             else:
                 sizes.append(np.shape(image)[:2])
-            batch.append(letterbox_image(image, self.input_hw))
-        inputs = np.stack(batch).astype(np.float32) / 255.0
+            batch.append(self.letterbox(image))
+        inputs = np.stack(batch)
         boxes, scores, classes, counts = self._predict(
             tf.constant(inputs), tf.constant(sizes, dtype=tf.int32)
         )

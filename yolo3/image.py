@@ -24,6 +24,9 @@ from yolo3 import fileio
 
 # The canvas colour of the original keras-yolo3; the network has seen it as "no content".
 PAD_VALUE = 128
+# How a letterboxed input is resampled: PIL bicubic, as the original keras-yolo3 and this
+# library's preprocessing do, or Darknet's own resize (see letterbox_darknet).
+RESAMPLING = ("bicubic", "darknet")
 
 
 def letterbox_geometry(image_hw, input_hw):
@@ -76,6 +79,77 @@ def letterbox_image(image, input_hw):
     canvas = Image.new("RGB", (input_w, input_h), (PAD_VALUE,) * 3)
     canvas.paste(image.resize((new_w, new_h), Image.BICUBIC), (offset_x, offset_y))
     return np.asarray(canvas, dtype=np.uint8)
+
+
+def darknet_resize(image, new_hw):
+    """Darknet's ``resize_image``: separable linear interpolation, no antialiasing.
+
+    Transcribed from pjreddie's ``image.c`` in float32 arithmetic: first along rows, column
+    ``c`` samples ``x = c * (w - 1) / (new_w - 1)`` (truncated to the left pixel, weights
+    ``1 - dx`` and ``dx``; the last column copies the last pixel), then along columns the
+    same way, the last row taking only the ``1 - dy`` term.
+
+    Args:
+        image: ``(H, W, C)`` float32.
+        new_hw: ``(new_h, new_w)``.
+
+    Returns:
+        ``(new_h, new_w, C)`` float32.
+    """
+    image = np.asarray(image, np.float32)
+    height, width = image.shape[:2]
+    new_h, new_w = (int(v) for v in new_hw)
+    one = np.float32(1)
+
+    def positions(source, target):
+        scale = np.float32(source - 1) / np.float32(max(target - 1, 1))
+        sample = np.arange(target, dtype=np.float32) * scale
+        left = np.minimum(sample.astype(np.int64), source - 1)
+        return left, (sample - left.astype(np.float32)).astype(np.float32)
+
+    if width == 1:
+        part = np.repeat(image[:, -1:], new_w, axis=1)
+    else:
+        left, dx = positions(width, new_w)
+        right = np.minimum(left + 1, width - 1)
+        dx = dx[None, :, None]
+        part = (one - dx) * image[:, left] + dx * image[:, right]
+        part[:, new_w - 1] = image[:, width - 1]
+    top, dy = positions(height, new_h)
+    dy = dy[:, None, None]
+    resized = (one - dy) * part[top]
+    if height > 1:
+        below = np.minimum(top + 1, height - 1)
+        added = resized + dy * part[below]
+        resized[: new_h - 1] = added[: new_h - 1]  # Darknet skips the last row's second term
+    return resized.astype(np.float32)
+
+
+def letterbox_darknet(image, input_hw):
+    """Darknet's ``letterbox_image``: :func:`darknet_resize` into a 0.5 gray canvas.
+
+    Pixels are read as Darknet reads them (``uint8 / 255.`` in double, stored as float) and
+    the result is the network input itself, float32 in [0, 1]: Darknet never rounds it to
+    8 bits. Placement is :func:`letterbox_geometry`, the same as Darknet's.
+
+    Args:
+        image: a PIL image or an ``(H, W, 3)`` uint8 RGB array.
+        input_hw: ``(height, width)`` of the network input.
+
+    Returns:
+        ``(input_h, input_w, 3)`` float32.
+    """
+    array = np.asarray(to_rgb(image) if isinstance(image, Image.Image) else image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"expected an (H, W, 3) uint8 RGB image, got {array.dtype} {array.shape}")
+    input_h, input_w = (int(v) for v in input_hw)
+    _, _, offset_y, offset_x, new_h, new_w = letterbox_geometry(array.shape[:2], input_hw)
+    pixels = (array.astype(np.float64) / 255.0).astype(np.float32)
+    canvas = np.full((input_h, input_w, 3), 0.5, np.float32)
+    canvas[offset_y : offset_y + new_h, offset_x : offset_x + new_w] = darknet_resize(
+        pixels, (new_h, new_w)
+    )
+    return canvas
 
 
 def _array_to_pil(array):

@@ -123,6 +123,7 @@ def evaluate_model(
     anchors,
     class_names,
     anchor_masks=None,
+    resampling="bicubic",
     split="val",
     batch_size=16,
     coco=True,
@@ -138,6 +139,8 @@ def evaluate_model(
         source: a :class:`yolo3.records.RecordSet`, a record-set folder or an annotation file.
         anchors: ``(num_anchors, 2)`` in input pixels.
         anchor_masks: anchors per head, largest stride first (default for the anchor count).
+        resampling: how images are letterboxed (see :class:`yolo3.detect.Detector`); a
+            record set's images are already at the input size.
         class_names: names, index = class id.
         split: which split of a record set.
         coco: also compute COCO metrics with pycocotools.
@@ -161,6 +164,7 @@ def evaluate_model(
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
         anchor_masks=anchor_masks,
+        resampling=resampling,
     )
     truths, detections, gallery, batch = [], [], [], []
 
@@ -204,6 +208,7 @@ def evaluate_coco_json(
     anchors,
     class_names,
     anchor_masks=None,
+    resampling="bicubic",
     batch_size=16,
     limit=None,
     progress=None,
@@ -250,6 +255,7 @@ def evaluate_coco_json(
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
         anchor_masks=anchor_masks,
+        resampling=resampling,
     )
     image_ids = sorted(coco_truth.getImgIds())[:limit]
     if not image_ids:

@@ -102,6 +102,16 @@ def stored_anchor_masks(path, model_type):
     return None
 
 
+def stored_resampling(path):
+    """``"darknet"`` for weights converted from Darknet (they reproduce Darknet's detections
+    with its own letterbox resize), else ``"bicubic"``, what training here resamples with."""
+    if path.endswith(".h5") and os.path.exists(path):
+        source = (read_metadata(path) or {}).get("source") or ""
+        if source.startswith("darknet:"):
+            return "darknet"
+    return "bicubic"
+
+
 def load_weights(model, path, *, skip_mismatch=False):
     """Loads weights into ``model`` by layer name.
 
