@@ -57,7 +57,12 @@ def test_ignore_mask_with_given_boxes_matches_numpy_oracle():
     results = {}
     for given in (None, boxes):
         total, terms = yolo_loss(
-            targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, true_boxes=given
+            targets,
+            outputs,
+            anchors=SMALL_ANCHORS,
+            num_classes=NUM_CLASSES,
+            ignore_thresh=0.5,
+            true_boxes=given,
         )
         expected_total, expected_terms = numpy_loss(
             oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, given
@@ -95,7 +100,12 @@ def test_targets_only_fallback_caps_truths_in_level_order():
             first_assigned[image, row] = np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
     first_assigned *= SIZE
     total, _ = yolo_loss(
-        targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, max_true_boxes=cap
+        targets,
+        outputs,
+        anchors=SMALL_ANCHORS,
+        num_classes=NUM_CLASSES,
+        ignore_thresh=0.5,
+        max_true_boxes=cap,
     )
     expected, _ = numpy_loss(
         oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, first_assigned
