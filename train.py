@@ -94,6 +94,14 @@ def build_parser():
         default=defaults.ignore_thresh,
         help="IoU above which a prediction is not penalised as background (Darknet's .7)",
     )
+    sched.add_argument(
+        "--multi-scale",
+        nargs="?",
+        const="auto",
+        metavar="MIN:MAX",
+        help="change the square input size every 10 steps, as Darknet's random=1: alone, "
+        "Darknet's sizes (320 to 608 for 416 px records); or MIN:MAX in pixels",
+    )
     sched.add_argument("--seed", type=int, default=defaults.seed)
     dev = parser.add_argument_group("devices and distribution")
     dev.add_argument("--gpus", type=int, help="GPUs to train on (0: CPU; default: all visible)")
@@ -193,6 +201,7 @@ def config_from_args(args):
         early_stopping_patience=args.early_stopping,
         jit_compile=args.jit_compile,
         remat=args.remat,
+        multi_scale=args.multi_scale,
         gpus=args.gpus,
         cpu_replicas=args.cpu_replicas,
         memory_growth=not args.no_memory_growth,

@@ -30,19 +30,21 @@ def main():
     if rest[:1] == ["--"]:
         rest = rest[1:]
     import train
-    from yolo3 import training
+    from yolo3 import records, training
 
     config = train.config_from_args(train.build_parser().parse_args(rest))
     training.configure(config)
     result = training.run(config)
     body = result.trainer.body
-    size = body.input_shape[1]
+    # A multi-scale body takes any size: probe at the records' size.
+    size = body.input_shape[1] or records.open_record_set(config.records).input_hw[0]
     outputs = body(probe_images(size))
     index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(body.get_weights())}
     arrays.update({f"p{i}": np.asarray(o) for i, o in enumerate(outputs)})
     arrays["step"] = int(result.trainer.optimizer.iterations.value.numpy())
     arrays["epochs_this_run"] = len(result.history.get("loss", []))
+    arrays["scale_history"] = np.asarray(result.trainer.scale_history, np.int64)
     os.makedirs(dump_dir, exist_ok=True)
     np.savez(os.path.join(dump_dir, f"worker-{index}.npz"), **arrays)
     return 1 if result.stopped_reason else 0

@@ -46,6 +46,13 @@ def build_parser():
     # Darknet's .7 (train.py's default) scored 0.894 and 0.902 mAP@0.5 here against 0.927
     # and 0.935 for .5 (seeds 0 and 1): on six epochs from scratch, .5 teaches more.
     parser.add_argument("--ignore-thresh", type=float, default=0.5)
+    parser.add_argument(
+        "--multi-scale",
+        nargs="?",
+        const="auto",
+        metavar="MIN:MAX",
+        help="train multi-scale (train.py --multi-scale; alone: 64 to 128 px here)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
@@ -89,6 +96,7 @@ def run(args):
         "--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size),
         "--warmup-epochs", "1", "--ignore-thresh", str(args.ignore_thresh),
         "--seed", str(args.seed), "--gpus", "0", *quiet,
+        *(["--multi-scale", args.multi_scale] if args.multi_scale else []),
         *(["--resume"] if (log_dir / "checkpoints" / "state.weights.h5").exists() else []),
     ], timings)  # fmt: skip
     _run("evaluate on the held-out images", "tools/evaluate.py", [

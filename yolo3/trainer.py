@@ -21,6 +21,7 @@ from keras import ops
 
 from yolo3.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
+from yolo3.multiscale import resize_batch
 from yolo3.remat import RematForward
 from yolo3.resources import default_anchor_masks
 from yolo3.targets import build_targets
@@ -80,13 +81,45 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+@keras.saving.register_keras_serializable(package="yolo3")
+class ReplicaSafeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras's dynamic loss scaling, with every replica agreeing whether to skip a step.
+
+    Under ``MirroredStrategy`` Keras 3.15 checks the gradients for infinities on the first
+    replica only, before they are summed across replicas: a step whose gradient overflows
+    on another replica is applied, and the summed infinity lands in every weight (and the
+    loss scale is not lowered). Here the check is all-reduced, so a step that overflows on
+    any replica is skipped on all of them and the scale halves, as on one device.
+    """
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        # ReduceOp has SUM and MEAN only: count the replicas that saw an overflow.
+        overflows = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32)
+        )
+        return overflows == 0.0
+
+
 def make_optimizer(name, learning_rate, *, momentum=0.9):
-    """Adam (as the original keras-yolo3) or SGD with Nesterov-free momentum (as Darknet)."""
+    """Adam (as the original keras-yolo3) or SGD with Nesterov-free momentum (as Darknet).
+
+    Under the ``mixed_float16`` policy it comes wrapped in
+    :class:`ReplicaSafeLossScaleOptimizer` (Keras would wrap it in its own, which is unsafe
+    with several replicas).
+    """
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum)
-    raise ValueError(f"--optimizer {name!r}: use one of {OPTIMIZERS}")
+        optimizer = keras.optimizers.Adam(learning_rate)
+    elif name == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
+    else:
+        raise ValueError(f"--optimizer {name!r}: use one of {OPTIMIZERS}")
+    if keras.mixed_precision.global_policy().name == "mixed_float16":
+        optimizer = ReplicaSafeLossScaleOptimizer(optimizer)
+    return optimizer
 
 
 def scaled_learning_rate(base_lr, global_batch, reference_batch=64):
@@ -144,6 +177,8 @@ class YoloTrainer(keras.Model):
         remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
             activations in the backward pass (:class:`yolo3.remat.RematForward`) to fit
             larger batches; the loss and gradients stay the same.
+        multi_scale: a :class:`yolo3.multiscale.ScaleSchedule`: each train step resizes its
+            batch to the schedule's size for that step (the body must accept any size).
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -161,10 +196,14 @@ class YoloTrainer(keras.Model):
         anchor_masks=None,
         ignore_thresh=IGNORE_THRESH,
         remat="off",
+        multi_scale=None,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
         self.body = body
+        self.multi_scale = multi_scale
+        self.scale_history = []  # the size of every step this process has trained
+        self.scale_functions = {}  # size -> its compiled train function
         self.remat = remat
         self._remat_forward = None if remat == "off" else RematForward(body, remat)
         self.anchors = np.asarray(anchors, np.float32)
@@ -193,20 +232,50 @@ class YoloTrainer(keras.Model):
 
         XLA has no kernel for ``tf.timestamp``, so the clock is read in an outer function
         that takes the batch from the iterator and then calls the replicated step, which
-        Keras's own way compiles (with XLA when ``jit_compile`` is on).
+        Keras's own way compiles (with XLA when ``jit_compile`` is on). With ``multi_scale``
+        each size gets such a function of its own, with static shapes, and a Python
+        dispatcher calls the one for the step's size.
         """
         clock = getattr(self, "_input_clock", None)
         if self.train_function is not None and not force:
             return self.train_function
-        if clock is None or self.run_eagerly or self.steps_per_execution != 1:
+        if self.multi_scale is None and (
+            clock is None or self.run_eagerly or self.steps_per_execution != 1
+        ):
             return super().make_train_function(force=force)
+        if self.multi_scale is None:
+            self.train_function = self._sized_train_function(None, clock)
+            return self.train_function
+        if self.run_eagerly or self.steps_per_execution != 1:
+            raise ValueError("multi-scale training runs one compiled step per call")
+        functions = self.scale_functions = {}
+
+        def train_function(iterator):
+            # The optimizer's step counter is the same on every replica and worker.
+            size = self.multi_scale.size_at(int(self.optimizer.iterations.numpy()))
+            if size not in functions:
+                functions[size] = self._sized_train_function(size, clock)
+            self.scale_history.append(size)
+            return functions[size](iterator)
+
+        self.train_function = train_function
+        return train_function
+
+    def _sized_train_function(self, size, clock):
+        """The compiled step for one input ``size`` (None: the batch as it comes)."""
         # The module's reduce_per_replica, looked up per trace: yolo3.keras_mwms replaces it.
         from keras.src.backend.tensorflow import trainer as tf_trainer
 
         strategy = self.distribute_strategy
 
+        def sized_step(data):
+            if size is not None:
+                images, boxes = data
+                data = resize_batch(images, boxes, size)
+            return self.train_step(data)
+
         def replicated_step(data):
-            outputs = strategy.run(self.train_step, args=(data,))
+            outputs = strategy.run(sized_step, args=(data,))
             return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
         step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
@@ -214,6 +283,8 @@ class YoloTrainer(keras.Model):
         @tf.function(reduce_retracing=True)
         def train_function(iterator):
             data = iterator.get_next()
+            if clock is None:
+                return step(data)
             with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
                 arrived = tf.timestamp()
             # Nothing of the step may start before the arrival time is taken.
@@ -223,7 +294,6 @@ class YoloTrainer(keras.Model):
             logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
             return logs
 
-        self.train_function = train_function
         return train_function
 
     def call(self, images, training=False):
@@ -234,11 +304,12 @@ class YoloTrainer(keras.Model):
         return self.body(images, training=training)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        del x, sample_weight, training
+        del sample_weight, training
         outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
         boxes = None
         if not isinstance(y, (tuple, list)):  # padded boxes: targets are built here
-            input_hw = self.body.input_shape[1:3]
+            # The batch's own size: a multi-scale body accepts any.
+            input_hw = tuple(x.shape[1:3]) if x is not None else self.body.input_shape[1:3]
             boxes = y
             y = build_targets(
                 boxes,

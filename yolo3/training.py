@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
 from yolo3 import data as yolo_data
-from yolo3 import devices, distribute, fileio, records
+from yolo3 import devices, distribute, fileio, multiscale, records
 from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.remat import REMAT_CHOICES
@@ -76,6 +76,7 @@ class TrainConfig:
     early_stopping_patience: int | None = None
     jit_compile: str = "auto"
     remat: str = "off"  # yolo3.remat: recompute activations in the backward pass
+    multi_scale: str | None = None  # "auto" or "MIN:MAX": yolo3.multiscale
     gpus: int | None = None
     cpu_replicas: int | None = None
     memory_growth: bool = True
@@ -224,6 +225,12 @@ def _validation_source(config, record_set):
     return None
 
 
+def _sizes_text(scales):
+    if scales is None:
+        return "off"
+    return f"{scales.sizes[0]}-{scales.sizes[-1]} ({len(scales.sizes)} sizes)"
+
+
 def _check_fresh_log_dir(config, info, checkpoint_dir, backup_root):
     """A new run refuses a log folder holding another run; ``--resume`` continues it."""
     if config.resume:
@@ -275,6 +282,10 @@ def run(config, *, log=print):
 
     steps = config.steps_per_epoch or max(1, record_set.num_records("train") // global_batch)
     total_steps = steps * config.epochs
+    scales = None
+    if config.multi_scale:
+        sizes = multiscale.parse_sizes(config.multi_scale, input_hw)
+        scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
     log(
         f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
@@ -282,6 +293,7 @@ def run(config, *, log=print):
         f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
         f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
         f"precision {precision}; remat {config.remat}; "
+        f"multi-scale {_sizes_text(scales)}; "
         f"worker {info.worker_index + 1}/{info.num_workers}"
     )
 
@@ -289,7 +301,7 @@ def run(config, *, log=print):
         body = build_model(
             model_type,
             num_classes,
-            input_size=input_hw,
+            input_size=None if scales else input_hw,  # multi-scale: any size
             weight_decay=config.weight_decay,
             synchronized_bn=sync_bn,
         )
@@ -301,15 +313,16 @@ def run(config, *, log=print):
             anchor_masks=anchor_masks,
             ignore_thresh=config.ignore_thresh,
             remat=config.remat,
+            multi_scale=scales,
         )
-        schedule = WarmupSchedule(
+        lr_schedule = WarmupSchedule(
             peak_lr,
             warmup_steps=round(config.warmup_epochs * steps),
             total_steps=total_steps,
             kind=config.lr_schedule,
             scale=trainer.lr_scale,
         )
-        optimizer = make_optimizer(config.optimizer, schedule, momentum=config.momentum)
+        optimizer = make_optimizer(config.optimizer, lr_schedule, momentum=config.momentum)
         trainer.compile(optimizer=optimizer, jit_compile=jit_compile)
         trainer.build((None, *input_hw, 3))
         # Built for every variable before any freezing, so unfreezing later and restoring
@@ -365,6 +378,7 @@ def run(config, *, log=print):
                     "steps_per_epoch": steps,
                     "sync_bn": sync_bn,
                     "jit_compile": jit_compile,
+                    "multi_scale_sizes": list(scales.sizes) if scales else None,
                     "precision": precision,
                 },
             },
