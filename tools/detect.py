@@ -21,10 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
-from yolo3.cli import argument_type, run_main  # noqa: E402
+from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
 from yolo3.detect import Detector, draw_detections  # noqa: E402
-from yolo3.image import RESAMPLING, load_rgb  # noqa: E402
-from yolo3.resources import parse_anchor_masks  # noqa: E402
+from yolo3.image import load_rgb  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -43,18 +42,7 @@ def build_parser():
         "--model-type", choices=("yolov3", "tiny"), help="default: from the anchor count"
     )
     parser.add_argument("--input-size", type=int, default=416, help="a multiple of 32")
-    parser.add_argument(
-        "--anchor-masks",
-        type=argument_type(parse_anchor_masks),
-        help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
-        "weights file records; the original keras-yolo3's for its .h5 files)",
-    )
-    parser.add_argument(
-        "--resampling",
-        choices=RESAMPLING,
-        help="how images are letterboxed (default: darknet for weights converted from "
-        "Darknet, else bicubic as in training)",
-    )
+    add_detector_arguments(parser)
     parser.add_argument("--score", type=float, default=0.3, help="score threshold")
     parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--max-detections", type=int, default=100, help="per image")

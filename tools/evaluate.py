@@ -37,11 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import fileio, records, validate  # noqa: E402
-from yolo3.cli import argument_type, run_main  # noqa: E402
+from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
-from yolo3.image import RESAMPLING  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
-from yolo3.resources import model_type_for_anchors, parse_anchor_masks, read_anchors  # noqa: E402
+from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
 from yolo3.weights import (  # noqa: E402
     load_weights,
     read_metadata,
@@ -64,23 +63,12 @@ def build_parser():
     parser.add_argument("--classes", help="classes file (annotation files; record sets have it)")
     parser.add_argument("--anchors", help="anchors file (default: from the weights' metadata)")
     parser.add_argument(
-        "--anchor-masks",
-        type=argument_type(parse_anchor_masks),
-        help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
-        "weights file records; the original keras-yolo3's for its .h5 files)",
-    )
-    parser.add_argument(
         "--input-size",
         type=int,
         default=416,
         help="network input for annotation files (record sets have theirs)",
     )
-    parser.add_argument(
-        "--resampling",
-        choices=RESAMPLING,
-        help="how images are letterboxed (default: darknet for weights converted from "
-        "Darknet, else bicubic as in training)",
-    )
+    add_detector_arguments(parser)
     parser.add_argument("--image-root", help="folder relative image paths start from")
     parser.add_argument("--output", help="report folder (default: beside the weights)")
     parser.add_argument("--batch-size", type=int, default=16)

@@ -25,6 +25,26 @@ def argument_type(parse):
     return convert
 
 
+def add_detector_arguments(parser):
+    """The options of the tools that run a detector on weights from any source:
+    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.detect.Detector`)."""
+    from yolo3.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
+    from yolo3.resources import parse_anchor_masks  # noqa: PLC0415
+
+    parser.add_argument(
+        "--anchor-masks",
+        type=argument_type(parse_anchor_masks),
+        help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
+        "weights file records; the original keras-yolo3's for its .h5 files)",
+    )
+    parser.add_argument(
+        "--resampling",
+        choices=RESAMPLING,
+        help="how images are letterboxed (default: darknet for weights converted from "
+        "Darknet, else bicubic as in training)",
+    )
+
+
 def fail(message, status=2):
     """Prints ``error: message`` on standard error and returns ``status``."""
     print(f"error: {message}", file=sys.stderr)
