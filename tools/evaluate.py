@@ -160,19 +160,18 @@ def single(args):
 
 def coco_json(args, log=print):
     """``--coco-json``: detection on the original images, scored by pycocotools."""
-    import json  # noqa: PLC0415
-
     from yolo3 import evaluate  # noqa: PLC0415
+    from yolo3.resources import read_classes  # noqa: PLC0415
 
     if not args.images:
         raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
     metadata = read_metadata(args.weights) or {}
     anchors = _anchors_for(args, metadata)
+    data = validate.read_coco_file(args.coco_json)  # read once, handed on
     if args.classes:
-        class_names = validate.source_classes(args.coco_json, args.classes)
+        class_names = read_classes(args.classes)
     else:  # the file's categories in order of id, as tools/coco_annotation.py numbers them
-        data = json.loads(fileio.read_bytes(args.coco_json))
-        class_names = [c["name"] for c in sorted(data.get("categories", []), key=lambda c: c["id"])]
+        class_names = [c["name"] for c in sorted(data["categories"], key=lambda c: c["id"])]
     model, anchors, anchor_masks = _model_for(
         args.weights, anchors, len(class_names), args.input_size, args.anchor_masks
     )
@@ -186,6 +185,7 @@ def coco_json(args, log=print):
         resampling=args.resampling or stored_resampling(args.weights),
         batch_size=args.batch_size,
         limit=args.limit,
+        data=data,
     )
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
     os.makedirs(output, exist_ok=True)

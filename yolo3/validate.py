@@ -212,6 +212,7 @@ def evaluate_coco_json(
     batch_size=16,
     limit=None,
     progress=None,
+    data=None,
 ):
     """Detects on the images of a COCO annotation file and scores against the file itself.
 
@@ -225,6 +226,7 @@ def evaluate_coco_json(
         annotation_file: e.g. ``instances_val2017.json``.
         images_dir: the folder its ``file_name`` entries are in.
         limit: only the first ``limit`` images in order of id (and only they are scored).
+        data: the file's contents when already read (:func:`read_coco_file`).
 
     Returns:
         ``(results, metrics, num_images)``: the results entries (a results file for the
@@ -233,16 +235,10 @@ def evaluate_coco_json(
     """
     from pycocotools.coco import COCO  # noqa: PLC0415 - COCO scoring only
 
-    try:
-        data = json.loads(fileio.read_bytes(annotation_file))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{annotation_file} is not valid JSON: {err}") from err
-    for key in ("images", "categories"):
-        if key not in data:
-            raise ValueError(f"{annotation_file} has no {key!r}: not a COCO annotation file")
+    data = read_coco_file(annotation_file) if data is None else data
     # An image-info file (test-dev) lists images without annotations: nothing to score.
     scored = "annotations" in data
-    data.setdefault("annotations", [])
+    data = {**data, "annotations": data.get("annotations", [])}
     coco_truth = COCO()
     coco_truth.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):
@@ -270,6 +266,18 @@ def evaluate_coco_json(
             progress(start + len(chunk))
     metrics = evaluate.score_coco(coco_truth, results, image_ids=image_ids) if scored else None
     return results, metrics, len(image_ids)
+
+
+def read_coco_file(path):
+    """The contents of a COCO annotation (or image-info) file, checked for its keys."""
+    try:
+        data = json.loads(fileio.read_bytes(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    for key in ("images", "categories"):
+        if key not in data:
+            raise ValueError(f"{path} has no {key!r}: not a COCO annotation file")
+    return data
 
 
 def _coco_image(info, images_dir, annotation_file):
