@@ -134,6 +134,38 @@ def build_parser():
         "where most activations are), off",
     )
     dev.add_argument(
+        "--accumulate",
+        type=int,
+        default=defaults.accumulate,
+        metavar="K",
+        help="micro-batches per optimizer step (Darknet's subdivisions): each replica runs K "
+        "batches of --batch-size, sums their gradients and all-reduces once; the global batch "
+        "is K x batch x replicas. Trains a batch too large for memory, and sends K times less "
+        "over a slow network",
+    )
+    dev.add_argument(
+        "--allreduce-dtype",
+        choices=training.ALLREDUCE_DTYPES,
+        default=defaults.allreduce_dtype,
+        help="dtype gradients travel in between replicas (bfloat16/float16 halve the bytes; "
+        "float16 is scaled per tensor so that it neither overflows nor underflows)",
+    )
+    dev.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=defaults.collective_timeout,
+        metavar="SECONDS",
+        help="several machines: a collective that waits longer for a dead or unreachable "
+        "worker fails the job instead of hanging (default: wait forever)",
+    )
+    dev.add_argument(
+        "--bytes-per-pack",
+        type=int,
+        default=defaults.bytes_per_pack,
+        metavar="BYTES",
+        help="several machines: split all-reduces into packs of this size (0: TensorFlow decides)",
+    )
+    dev.add_argument(
         "--no-memory-growth",
         action="store_true",
         help="let TensorFlow take all GPU memory up front",
@@ -202,6 +234,10 @@ def config_from_args(args):
         jit_compile=args.jit_compile,
         remat=args.remat,
         multi_scale=args.multi_scale,
+        accumulate=args.accumulate,
+        allreduce_dtype=args.allreduce_dtype,
+        collective_timeout=args.collective_timeout,
+        bytes_per_pack=args.bytes_per_pack,
         gpus=args.gpus,
         cpu_replicas=args.cpu_replicas,
         memory_growth=not args.no_memory_growth,

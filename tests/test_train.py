@@ -179,3 +179,38 @@ def test_test_io_and_benchmark_modes(record_set, tmp_path, capsys):
     config = train.config_from_args(train.build_parser().parse_args(args))
     result = training.run(config, log=lambda *_: None)
     assert result.epochs_done == 1 and math.isfinite(result.history["loss"][0])
+
+
+def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tmp_path):
+    records, anchors = record_set
+    args = train_args(
+        records, tmp_path, anchors, "--epochs", "1", "--accumulate", "2",
+        "--allreduce-dtype", "bfloat16", "--multi-scale", "32:96",
+    )  # fmt: skip
+    config = train.config_from_args(train.build_parser().parse_args(args))
+    logged = []
+    result = training.run(config, log=logged.append)
+    # 32 training images in optimizer steps of 2 micro-batches of 4.
+    assert result.global_batch_size == 8
+    assert int(result.trainer.optimizer.iterations) == 4
+    # One input size per optimizer step: both micro-batches of a step share it.
+    assert len(result.trainer.scale_history) == 4
+    assert any("1 replicas x 4 x 2 micro-batches = global batch 8" in line for line in logged)
+    resolved = training.read_config(str(tmp_path / "config.json"))
+    assert (resolved.accumulate, resolved.allreduce_dtype) == (2, "bfloat16")
+    assert result.throughput and all(math.isfinite(v) for v in result.history["loss"])
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (("--accumulate", "0"), "--accumulate"),
+        (("--allreduce-dtype", "int8"), "--allreduce-dtype"),
+        (("--collective-timeout", "0"), "--collective-timeout"),
+        (("--bytes-per-pack", "-1"), "--bytes-per-pack"),
+    ],
+)
+def test_communication_flags_reject_bad_values(record_set, tmp_path, capsys, flags, named):
+    records, anchors = record_set
+    assert train.main(train_args(records, tmp_path, anchors, *flags)) == 2
+    assert named in capsys.readouterr().err

@@ -171,7 +171,9 @@ def mirrored_devices(choice):
     return [f"{prefix[choice.kind]}:{index}" for index in range(choice.num_devices)]
 
 
-def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=None):
+def make_strategy(
+    *, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=None, communication=None
+):
     """Builds the strategy :func:`choose_strategy_kind` picks for this process.
 
     A multi-worker strategy blocks until every worker has started. Under Slurm,
@@ -185,6 +187,8 @@ def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=No
     all the GPUs it sees (or the first ``gpus``).
 
     ``gpu_names`` (default: the visible GPUs) lets a test take a GPU branch on a CPU.
+    ``communication``: the ``tf.distribute.experimental.CommunicationOptions`` of a
+    multi-worker strategy's collectives (:func:`yolo3.communication.communication_options`).
     """
     env = os.environ
     if gpu_names is None:
@@ -199,7 +203,9 @@ def make_strategy(*, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=No
         else:
             resolver = _slurm_resolver(env, count, slurm_port_base)
         keras_mwms.apply()
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=communication
+        )
     if kind is StrategyKind.MIRRORED_CPUS:
         found = len(tf.config.list_logical_devices("CPU"))
         if found < count:

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from yolo3.communication import check_allreduce_dtype, install_gradient_reducer
 from yolo3.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.multiscale import resize_batch
@@ -165,6 +166,10 @@ def set_frozen(body, names, frozen):
         body.get_layer(name).trainable = not frozen
 
 
+def _add(a, b):
+    return b if a is None else a if b is None else a + b
+
+
 class YoloTrainer(keras.Model):
     """``model.fit``-able wrapper: ``call`` runs the body, ``compute_loss`` the YOLOv3 loss.
 
@@ -179,6 +184,15 @@ class YoloTrainer(keras.Model):
             larger batches; the loss and gradients stay the same.
         multi_scale: a :class:`yolo3.multiscale.ScaleSchedule`: each train step resizes its
             batch to the schedule's size for that step (the body must accept any size).
+        accumulate: micro-batches per optimizer step (Darknet's ``subdivisions``). Each
+            replica takes this many batches from the iterator, runs them one after another,
+            sums their gradients locally and all-reduces once. Batch norm normalises each
+            micro-batch with its own statistics (synchronised across replicas when the body
+            has synchronised batch norm) and updates its moving averages once per
+            micro-batch, as Darknet does; everything else equals one step on the
+            ``accumulate`` times larger batch.
+        allreduce_dtype: ``float32``, ``bfloat16`` or ``float16``: the dtype gradients are
+            summed across replicas in (:func:`yolo3.communication.all_reduce_gradients`).
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -197,9 +211,15 @@ class YoloTrainer(keras.Model):
         ignore_thresh=IGNORE_THRESH,
         remat="off",
         multi_scale=None,
+        accumulate=1,
+        allreduce_dtype="float32",
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
+        if int(accumulate) != accumulate or accumulate < 1:
+            raise ValueError(f"--accumulate {accumulate}: use a whole number of micro-batches >= 1")
+        self.accumulate = int(accumulate)
+        self.allreduce_dtype = check_allreduce_dtype(allreduce_dtype)
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -217,6 +237,11 @@ class YoloTrainer(keras.Model):
         self.lr_scale = self.add_weight(
             shape=(), initializer="ones", trainable=False, name="lr_scale"
         )
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        if self.allreduce_dtype != "float32" and self.optimizer is not None:
+            install_gradient_reducer(self.optimizer, self.allreduce_dtype)
 
     def attach_input_clock(self, clock):
         """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
@@ -239,15 +264,16 @@ class YoloTrainer(keras.Model):
         clock = getattr(self, "_input_clock", None)
         if self.train_function is not None and not force:
             return self.train_function
-        if self.multi_scale is None and (
-            clock is None or self.run_eagerly or self.steps_per_execution != 1
-        ):
+        own_step = self.multi_scale is not None or self.accumulate > 1
+        if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
             return super().make_train_function(force=force)
+        if own_step and (self.run_eagerly or self.steps_per_execution != 1):
+            raise ValueError(
+                "multi-scale training and gradient accumulation run one compiled step per call"
+            )
         if self.multi_scale is None:
             self.train_function = self._sized_train_function(None, clock)
             return self.train_function
-        if self.run_eagerly or self.steps_per_execution != 1:
-            raise ValueError("multi-scale training runs one compiled step per call")
         functions = self.scale_functions = {}
 
         def train_function(iterator):
@@ -270,8 +296,9 @@ class YoloTrainer(keras.Model):
 
         def sized_step(data):
             if size is not None:
-                images, boxes = data
-                data = resize_batch(images, boxes, size)
+                batches = data if self.accumulate > 1 else (data,)
+                batches = tuple(resize_batch(images, boxes, size) for images, boxes in batches)
+                data = batches if self.accumulate > 1 else batches[0]
             return self.train_step(data)
 
         def replicated_step(data):
@@ -282,7 +309,10 @@ class YoloTrainer(keras.Model):
 
         @tf.function(reduce_retracing=True)
         def train_function(iterator):
-            data = iterator.get_next()
+            if self.accumulate > 1:
+                data = tuple(iterator.get_next() for _ in range(self.accumulate))
+            else:
+                data = iterator.get_next()
             if clock is None:
                 return step(data)
             with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
@@ -295,6 +325,34 @@ class YoloTrainer(keras.Model):
             return logs
 
         return train_function
+
+    def train_step(self, data):
+        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches."""
+        if self.accumulate == 1:
+            return super().train_step(data)
+        from keras.src.losses import loss as loss_module
+
+        weights = self.trainable_weights
+        total = None
+        for x, y in data:
+            if total is not None:
+                # One micro-batch at a time: its forward pass waits for the previous
+                # gradients, so only one micro-batch's activations are alive at once.
+                with tf.control_dependencies(total):
+                    x = tf.identity(x)
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self._compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                # The loss of one micro-batch is 1/accumulate of its share: log the share.
+                self._loss_tracker.update_state(
+                    loss_module.unscale_loss_for_distribution(loss) * self.accumulate,
+                    sample_weight=tf.shape(x)[0],
+                )
+                loss = self.optimizer.scale_loss(loss)
+            grads = tape.gradient(loss, weights)
+            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
+        self.optimizer.apply_gradients(zip(total, weights))
+        return self.compute_metrics(x, y, y_pred)
 
     def call(self, images, training=False):
         if keras.backend.standardize_dtype(images.dtype) == "uint8":
@@ -333,10 +391,12 @@ class YoloTrainer(keras.Model):
 
     def replica_loss(self, per_image):
         """The scalar this replica differentiates: :func:`yolo3.loss.replica_loss` of
-        ``per_image`` (N, 1) over the global batch (this replica's N times the replicas, in
-        equal shares), plus the weight decay in float32. Keras unscales it for the logs."""
-        global_batch = ops.shape(per_image)[0] * tf.distribute.get_strategy().num_replicas_in_sync
-        weight_decay = [ops.cast(reg, "float32") for reg in self.losses]
+        ``per_image`` (N, 1) over the global batch (this replica's N times the replicas and
+        the micro-batches, in equal shares), plus its share of the weight decay in float32.
+        Keras unscales it for the logs."""
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        global_batch = ops.shape(per_image)[0] * replicas * self.accumulate
+        weight_decay = [ops.cast(reg, "float32") / self.accumulate for reg in self.losses]
         return replica_loss(per_image, global_batch, weight_decay)
 
     @property

@@ -22,8 +22,9 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
+from yolo3 import communication, devices, distribute, fileio, multiscale, records
 from yolo3 import data as yolo_data
-from yolo3 import devices, distribute, fileio, multiscale, records
+from yolo3.communication import ALLREDUCE_DTYPES
 from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.remat import REMAT_CHOICES
@@ -77,6 +78,10 @@ class TrainConfig:
     jit_compile: str = "auto"
     remat: str = "off"  # yolo3.remat: recompute activations in the backward pass
     multi_scale: str | None = None  # "auto" or "MIN:MAX": yolo3.multiscale
+    accumulate: int = 1  # micro-batches per optimizer step
+    allreduce_dtype: str = "float32"  # yolo3.communication
+    collective_timeout: float | None = None  # seconds; None waits forever
+    bytes_per_pack: int = 0  # 0: TensorFlow decides
     gpus: int | None = None
     cpu_replicas: int | None = None
     memory_growth: bool = True
@@ -104,6 +109,16 @@ class TrainConfig:
                 f"--jit-compile: one of {devices.JIT_COMPILE_CHOICES}",
             ),
             (self.remat in REMAT_CHOICES, f"--remat: one of {REMAT_CHOICES}"),
+            (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
+            (
+                self.allreduce_dtype in ALLREDUCE_DTYPES,
+                f"--allreduce-dtype: one of {ALLREDUCE_DTYPES}",
+            ),
+            (
+                self.collective_timeout is None or self.collective_timeout > 0,
+                "--collective-timeout must be a positive number of seconds",
+            ),
+            (self.bytes_per_pack >= 0, "--bytes-per-pack must be >= 0 (0: automatic)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -225,6 +240,10 @@ def _validation_source(config, record_set):
     return None
 
 
+def _accumulate_text(config):
+    return f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
+
+
 def _sizes_text(scales):
     if scales is None:
         return "off"
@@ -252,10 +271,17 @@ def run(config, *, log=print):
     """
     started = time.perf_counter()
     keras.utils.set_random_seed(config.seed)
-    strategy = distribute.make_strategy(gpus=config.gpus, cpu_replicas=config.cpu_replicas)
+    strategy = distribute.make_strategy(
+        gpus=config.gpus,
+        cpu_replicas=config.cpu_replicas,
+        communication=communication.communication_options(
+            config.bytes_per_pack, config.collective_timeout
+        ),
+    )
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
+    # Images per optimizer step: the learning rate, steps per epoch and images/s use it.
+    global_batch = config.batch_size * replicas * config.accumulate
     # Each record set's manifest is read once, here, and handed on as a RecordSet.
     record_set = records.open_record_set(config.records)
     val_source = _validation_source(config, record_set)
@@ -289,7 +315,8 @@ def run(config, *, log=print):
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
     log(
         f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
-        f"{replicas} replicas x {config.batch_size} = global batch {global_batch}; "
+        f"{replicas} replicas x {config.batch_size}{_accumulate_text(config)} = global batch "
+        f"{global_batch}; all-reduce {config.allreduce_dtype}; "
         f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
         f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
         f"precision {precision}; remat {config.remat}; "
@@ -314,6 +341,8 @@ def run(config, *, log=print):
             ignore_thresh=config.ignore_thresh,
             remat=config.remat,
             multi_scale=scales,
+            accumulate=config.accumulate,
+            allreduce_dtype=config.allreduce_dtype,
         )
         lr_schedule = WarmupSchedule(
             peak_lr,
@@ -339,16 +368,17 @@ def run(config, *, log=print):
     val_steps = None
     if val_data is not None:
         val_records = val_source[0].num_records(val_source[1])
-        val_steps = max(1, val_records // global_batch)
-        if val_records < global_batch:
+        eval_batch = config.batch_size * replicas  # no micro-batches in validation
+        val_steps = max(1, val_records // eval_batch)
+        if val_records < eval_batch:
             log(
-                f"validation: {val_records} images, under one global batch of {global_batch}; "
+                f"validation: {val_records} images, under one global batch of {eval_batch}; "
                 "each pass repeats some of them"
             )
-        elif val_records % global_batch:
+        elif val_records % eval_batch:
             log(
-                f"validation: {val_steps * global_batch} of {val_records} images per pass "
-                f"(whole global batches of {global_batch})"
+                f"validation: {val_steps * eval_batch} of {val_records} images per pass "
+                f"(whole global batches of {eval_batch})"
             )
 
     clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)

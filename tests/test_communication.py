@@ -1,0 +1,91 @@
+"""The gradient all-reduce in reduced precision, and the options of the job's collectives."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from yolo3.communication import (
+    FLOAT16_MAX,
+    all_reduce_gradients,
+    allreduce_bytes,
+    communication_options,
+    float16_scales,
+)
+
+REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+
+
+def _reduce(strategy, per_replica, dtype):
+    """``all_reduce_gradients`` of replica r's ``per_replica[r]`` (a list of arrays)."""
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: [tf.constant(a) for a in per_replica[context.replica_id_in_sync_group]]
+    )
+    outputs = tf.function(
+        lambda grads: strategy.run(lambda g: all_reduce_gradients(list(g), dtype), args=(grads,))
+    )(values)
+    return [np.asarray(strategy.experimental_local_results(leaf)[0]) for leaf in outputs]
+
+
+def test_float16_all_reduce_neither_overflows_nor_underflows(strategy):
+    rng = np.random.default_rng(0)
+    # Sums reach 4 x 40000, beyond float16's 65504; the small tensor is below its
+    # smallest subnormal (6e-8) on every replica.
+    large = [rng.uniform(3e4, 4e4, (5, 3)).astype(np.float32) for _ in range(REPLICAS)]
+    small = [rng.uniform(1e-10, 2e-10, (7,)).astype(np.float32) for _ in range(REPLICAS)]
+    mixed = [rng.normal(0, 1, (4, 4)).astype(np.float32) for _ in range(REPLICAS)]
+    per_replica = [[large[r], small[r], mixed[r]] for r in range(REPLICAS)]
+    got = _reduce(strategy, per_replica, "float16")
+    for index, tensors in enumerate((large, small, mixed)):
+        want = np.sum(np.stack(tensors).astype(np.float64), axis=0)
+        assert np.all(np.isfinite(got[index]))
+        # float16 keeps 11 significant bits; each of the 4 values and the partial sums
+        # round once.
+        np.testing.assert_allclose(got[index], want, rtol=0, atol=8 * 2**-11 * np.abs(want).max())
+        assert got[index].dtype == np.float32
+    # Without the scale the same sums overflow and vanish.
+    plain = np.sum(np.stack(large).astype(np.float16), axis=0)
+    assert not np.all(np.isfinite(plain))
+    assert np.all(np.stack(small).astype(np.float16) == 0)
+
+
+def test_bfloat16_all_reduce_keeps_eight_bits_and_float32_is_exact(strategy):
+    rng = np.random.default_rng(1)
+    per_replica = [[rng.normal(0, 1, (64,)).astype(np.float32)] for _ in range(REPLICAS)]
+    want = np.sum(np.stack([p[0] for p in per_replica]).astype(np.float64), axis=0)
+    (half,) = _reduce(strategy, per_replica, "bfloat16")
+    (exact,) = _reduce(strategy, per_replica, "float32")
+    np.testing.assert_allclose(exact, want, rtol=1e-6, atol=1e-6)
+    error = np.abs(half - want).max()
+    assert 0 < error <= 8 * 2**-8 * np.abs(want).max()
+
+
+def test_float16_scales_are_powers_of_two_under_the_limit():
+    bounds = tf.constant([0.0, 1e-12, 1.0, 3e4, 1e9], tf.float32)
+    scales = float16_scales(bounds).numpy()
+    assert scales[0] == 1.0
+    np.testing.assert_array_equal(np.log2(scales), np.round(np.log2(scales)))
+    scaled = scales[1:] * bounds.numpy()[1:]
+    assert np.all(scaled <= FLOAT16_MAX / 2)
+    assert np.all(scaled > FLOAT16_MAX / 4)  # the top octave below the limit
+
+
+def test_one_replica_returns_the_gradients_unchanged():
+    grads = [tf.constant([1.0, 2.0])]
+    assert all_reduce_gradients(grads, "float16")[0] is grads[0]
+
+
+def test_bytes_and_options():
+    variables = [tf.Variable(tf.zeros((3, 3, 16, 32))), tf.Variable(tf.zeros((32,)))]
+    assert allreduce_bytes(variables, "float32") == (3 * 3 * 16 * 32 + 32) * 4
+    assert allreduce_bytes(variables, "bfloat16") == (3 * 3 * 16 * 32 + 32) * 2
+    options = communication_options(bytes_per_pack=1 << 20, timeout_seconds=30)
+    assert (options.bytes_per_pack, options.timeout_seconds) == (1 << 20, 30)
+    with pytest.raises(ValueError, match="--collective-timeout"):
+        communication_options(timeout_seconds=0)
+    with pytest.raises(ValueError, match="--bytes-per-pack"):
+        communication_options(bytes_per_pack=-1)
