@@ -19,12 +19,22 @@ figures are of the step and its communication, not of reading. After the warm-up
 
 Scaling efficiency = (two-worker images/s) / (2 x one-process images/s).
 
+``settings`` runs the workers once per (micro-batches per step, all-reduce dtype) pair,
+side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
+(a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
+too, in a network namespace whose loopback carries that rate. Each worker setting reports
+the bytes all-reduced per optimizer step and per image, and the step time a simple model
+predicts: the baseline's compute for the step's micro-batches plus the bytes on the shaped
+link divided by its rate (a ring all-reduce: each of W workers sends 2 (W - 1) / W of the
+gradient, and all of it crosses the one shaped loopback).
+
 Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT.json``.
 """
 
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,8 +46,11 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks import harness
+from benchmarks.link import RateLimitedLoopback, parse_rate
 from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import distribute, fileio
+from yolo3.communication import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
+from yolo3.layers import SyncBatchNormalization
 
 GOAL_EFFICIENCY = 0.90
 SYNC_BN_CHOICES = ("auto", "on", "off")
@@ -53,8 +66,18 @@ class ScalingConfig:
     rounds: int = 1  # one-process run then the multi-worker run, this many times
     sync_bn: str = "auto"  # on with more than one replica, as train.py
     timeout: float = 900.0  # seconds for one run, start-up included
+    link: str = "none"  # a tc rate for the loopback (benchmarks.link), or none
+    # (micro-batches per optimizer step, all-reduce dtype) of each multi-worker run
+    settings: tuple = ((1, "float32"),)
 
     def __post_init__(self):
+        parse_rate(self.link)
+        if not self.settings:
+            raise ValueError("--settings: give at least one K:DTYPE")
+        for accumulate, dtype in self.settings:
+            if accumulate < 1:
+                raise ValueError(f"--settings {accumulate}:{dtype}: K must be >= 1")
+            check_allreduce_dtype(dtype)
         if self.sync_bn not in SYNC_BN_CHOICES:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
         if self.workers < 2:
@@ -115,22 +138,26 @@ def _environment(tf_config):
     return env
 
 
-def _run_job(config, workers, directory, log):
+def _run_job(config, workers, directory, log, *, link, setting=(1, "float32")):
     """Starts ``workers`` pinned processes (one: no TF_CONFIG) and returns their results."""
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
-    fileio.write_json(config_path, dataclasses.asdict(config))
+    accumulate, dtype = setting
+    job = {"accumulate": accumulate, "allreduce_dtype": dtype}
+    fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
     try:
         for index, core in enumerate(cores):
             tf_config = distribute.tf_config(addresses, index) if workers > 1 else None
-            output = os.path.join(directory, f"{workers}w-{index}.log")
+            output = os.path.join(directory, f"{workers}w-{accumulate}-{dtype}-{index}.log")
             outputs.append(output)
             with open(output, "w", encoding="utf-8") as log_file:
                 processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", __name__, config_path, f"{output}.json"],
+                        link.command(
+                            [sys.executable, "-m", __name__, config_path, f"{output}.json"]
+                        ),
                         env=_environment(tf_config),
                         cwd=_ROOT,
                         stdout=log_file,
@@ -148,7 +175,10 @@ def _run_job(config, workers, directory, log):
     for output in outputs:
         with open(f"{output}.json", encoding="utf-8") as f:
             results.append(json.load(f))
-    log(f"  {workers} process{'es' if workers > 1 else ''}: " + _describe(results, config))
+    label = f"{workers} process{'es' if workers > 1 else ''}"
+    if workers > 1:
+        label += f", {accumulate} micro-batch{'es' if accumulate > 1 else ''}, {dtype}"
+    log(f"  {label}: " + _describe(results, config))
     return results
 
 
@@ -175,18 +205,23 @@ def _tail(path, lines=30):
 
 
 def _windows(results, batch_size):
-    """Per timed window of a job: ``{"images_per_second", "cpu_ms_per_image"}``.
+    """Per timed window of a job: ``{"images_per_second", "cpu_ms_per_image", "step_seconds"}``.
 
     Workers step in lockstep; a window lasts as long as its slowest worker's, and the CPU
-    time is that of every worker together.
+    time is that of every worker together. A step of a worker is ``accumulate`` batches.
     """
     figures = []
+    per_step = batch_size * results[0]["accumulate"]
     for windows in zip(*(result["windows"] for result in results)):
-        images = sum(window["steps"] for window in windows) * batch_size
+        images = sum(window["steps"] for window in windows) * per_step
         seconds = max(window["seconds"] for window in windows)
         cpu = sum(window["cpu_seconds"] for window in windows)
         figures.append(
-            {"images_per_second": images / seconds, "cpu_ms_per_image": 1000 * cpu / images}
+            {
+                "images_per_second": images / seconds,
+                "cpu_ms_per_image": 1000 * cpu / images,
+                "step_seconds": seconds / windows[0]["steps"],
+            }
         )
     return figures
 
@@ -197,13 +232,19 @@ def _describe(results, config):
     return f"{speeds} images/s (sync BN {'on' if results[0]['sync_bn'] else 'off'})"
 
 
+def _setting_key(setting):
+    accumulate, dtype = setting
+    return f"workers_{accumulate}_{dtype}"
+
+
 def run_scaling(config, *, command="", log=print):
     """Runs the scaling benchmark.
 
     Returns:
         A JSON-able dict (printed by :func:`format_scaling`): ``rows`` for one process and
-        for the workers (median, min, max images/s over the timed windows of every round)
-        and ``ratios`` the scaling efficiency.
+        for the workers of each setting (median, min, max images/s over the timed windows
+        of every round), ``ratios`` the scaling efficiency of each setting and
+        ``communication`` its bytes per step and measured against predicted step time.
     """
     result = {
         "command": command,
@@ -212,39 +253,83 @@ def run_scaling(config, *, command="", log=print):
         "config": dataclasses.asdict(config),
     }
     _cores(config.workers)
-    runs = {"single": [], "workers": []}
+    runs = {"single": [], **{_setting_key(setting): [] for setting in config.settings}}
+    traffic = {}
     with tempfile.TemporaryDirectory(prefix="yolo3-scaling-") as directory:
-        for round_index in range(config.rounds):
-            log(f"round {round_index + 1}/{config.rounds}")
-            for key, workers in (("single", 1), ("workers", config.workers)):
-                results = _run_job(config, workers, directory, log)
-                runs[key] += _windows(results, config.step.batch_size)
-                result[f"sync_bn_{key}"] = results[0]["sync_bn"]
+        with RateLimitedLoopback(config.link) as link:
+            for round_index in range(config.rounds):
+                log(f"round {round_index + 1}/{config.rounds} (link {config.link})")
+                results = _run_job(config, 1, directory, log, link=link)
+                runs["single"] += _windows(results, config.step.batch_size)
+                result["sync_bn_single"] = results[0]["sync_bn"]
+                for setting in config.settings:
+                    key = _setting_key(setting)
+                    results = _run_job(
+                        config, config.workers, directory, log, link=link, setting=setting
+                    )
+                    runs[key] += _windows(results, config.step.batch_size)
+                    traffic[key] = results[0]["traffic"]
+                    result["sync_bn_workers"] = results[0]["sync_bn"]
     batch, workers = config.step.batch_size, config.workers
     rows = {
         "single": harness.summarize(
             f"1 process, 1 core, 1 thread, batch {batch}", runs["single"], 1
-        ),
-        "workers": harness.summarize(
-            f"{workers} workers (MultiWorkerMirroredStrategy), 1 core and 1 thread each, "
-            f"batch {batch} each",
-            runs["workers"],
-            workers,
-        ),
+        )
     }
-    result["rows"] = rows
-    single, multi = rows["single"], rows["workers"]
-    result["ratios"] = {
-        "efficiency": harness.make_ratio(
-            f"scaling efficiency, {workers} workers / ({workers} x 1 process)",
+    ratios, communication = {}, {}
+    single = rows["single"]
+    bits_per_second = parse_rate(config.link)
+    for accumulate, dtype in config.settings:
+        key = _setting_key((accumulate, dtype))
+        name = f"{workers} workers (MultiWorkerMirroredStrategy), K={accumulate}, {dtype}"
+        rows[key] = harness.summarize(
+            f"{name} (batch {batch} x {accumulate} each)", runs[key], workers
+        )
+        multi = rows[key]
+        ratios[key] = harness.make_ratio(
+            f"scaling efficiency, {name}",
             multi["images_per_second"] / (workers * single["images_per_second"]),
             single["cpu_ms_per_image"] / multi["cpu_ms_per_image"],
             GOAL_EFFICIENCY,
             harness.FRACTION,
         )
-    }
+        communication[key] = _communication(
+            traffic[key],
+            workers=workers,
+            images_per_step=workers * batch * accumulate,
+            compute_seconds=accumulate * batch / single["images_per_second"],
+            measured_seconds=statistics.median(run["step_seconds"] for run in runs[key]),
+            bits_per_second=bits_per_second,
+        )
+        communication[key]["label"] = name
+    result["rows"] = rows
+    result["ratios"] = ratios
+    result["communication"] = communication
     result["load_average_end"] = harness.load_average()
     return result
+
+
+def _communication(
+    traffic, *, workers, images_per_step, compute_seconds, measured_seconds, bits_per_second
+):
+    """Bytes all-reduced per step and per image; the step time the link model predicts."""
+    per_step = traffic["gradient_bytes"] + traffic["batch_norm_bytes"]
+    # A ring all-reduce: each worker sends 2 (W - 1) / W of the tensor; on the shaped
+    # loopback every worker's bytes cross the same device.
+    on_link = 2 * (workers - 1) * per_step
+    predicted = None
+    if bits_per_second:
+        predicted = compute_seconds + 8 * on_link / bits_per_second
+    return {
+        "bytes_per_step": per_step,
+        "bytes_per_image": per_step / images_per_step,
+        "gradient_bytes": traffic["gradient_bytes"],
+        "batch_norm_bytes": traffic["batch_norm_bytes"],
+        "bytes_on_link_per_step": on_link,
+        "compute_seconds": compute_seconds,
+        "measured_step_seconds": measured_seconds,
+        "predicted_step_seconds": predicted,
+    }
 
 
 def format_scaling(result):
@@ -256,9 +341,16 @@ def format_scaling(result):
         (
             "model",
             f"{step['model']} at {step['input_size']}x{step['input_size']}, "
-            f"{step['num_classes']} classes, batch {step['batch_size']} per process; "
-            f"{step['optimizer']}; the full YoloTrainer step through model.fit; sync BN "
-            f"{sync} with {config['workers']} workers ({config['sync_bn']})",
+            f"{step['num_classes']} classes, batch {step['batch_size']} per process and "
+            f"micro-batch; {step['optimizer']}; the full YoloTrainer step through model.fit; "
+            f"sync BN {sync} with {config['workers']} workers ({config['sync_bn']})",
+        ),
+        (
+            "link",
+            "unshaped loopback"
+            if parse_rate(config["link"]) is None
+            else f"loopback limited to {config['link']} in a private network namespace "
+            "(all processes, the baseline too; the workers share the rate)",
         ),
         (
             "data",
@@ -268,15 +360,54 @@ def format_scaling(result):
         (
             "timing",
             f"median, min, max over {config['rounds']} round(s) x {step['repeats']} windows "
-            f"of {step['steps']} steady steps, after {step['warmup_steps']} warm-up steps; "
-            "1 process first, then the workers, each a fresh set of processes",
+            f"of {step['steps']} steady optimizer steps, after {step['warmup_steps']} warm-up "
+            "steps; 1 process first, then the workers of each setting, each a fresh set of "
+            "processes",
         ),
     ]
-    return harness.format_report(result, details)
+    text = harness.format_report(result, details)
+    lines = ["", "communication per optimizer step (K micro-batches per worker):"]
+    header = (
+        f"{'':<56}{'MB/step':>9}{'KB/image':>10}{'compute s':>11}{'measured s':>12}"
+        f"{'predicted s':>13}"
+    )
+    lines += [header, "-" * len(header)]
+    for figures in result["communication"].values():
+        predicted = figures["predicted_step_seconds"]
+        lines.append(
+            f"{figures['label']:<56}{figures['bytes_per_step'] / 1e6:>9.2f}"
+            f"{figures['bytes_per_image'] / 1e3:>10.1f}{figures['compute_seconds']:>11.2f}"
+            f"{figures['measured_step_seconds']:>12.2f}"
+            f"{'-' if predicted is None else f'{predicted:.2f}':>13}"
+        )
+    lines.append(
+        "predicted: compute (1 process, same images) + bytes on the link x 8 / rate, a ring "
+        "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback"
+    )
+    return text + "\n" + "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------
 # One process of a run.
+
+
+def _traffic(trainer, job, replicas):
+    """Bytes one worker contributes to the collectives of one optimizer step.
+
+    The gradient all-reduce once per step; each synchronised batch norm once per
+    micro-batch: a float32 all-gather of 4 statistics per channel forward and, backward,
+    an all-reduce of the gathered ``replicas x 4`` per channel.
+    """
+    channels = sum(
+        int(layer.gamma.shape[0])
+        for layer in trainer.body.layers
+        if isinstance(layer, SyncBatchNormalization)
+    )
+    per_micro_batch = channels * 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
+    return {
+        "gradient_bytes": allreduce_bytes(trainer.trainable_variables, job["allreduce_dtype"]),
+        "batch_norm_bytes": per_micro_batch * job["accumulate"],
+    }
 
 
 def worker_main(argv):
@@ -285,7 +416,9 @@ def worker_main(argv):
     with open(config_path, encoding="utf-8") as f:
         data = json.load(f)
     step_data = data.pop("step")
+    job = data.pop("job")
     step_data["anchors"] = tuple(map(tuple, step_data["anchors"]))
+    data["settings"] = tuple(map(tuple, data["settings"]))
     config = ScalingConfig(step=TrainStepConfig(**step_data), **data)
 
     # Before the runtime starts: one thread for ops, one for scheduling them.
@@ -298,7 +431,11 @@ def worker_main(argv):
     sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
     with strategy.scope():
         trainer, images, boxes = build_step(
-            config.step, synchronized_bn=sync_bn, data_seed=config.step.seed + info.worker_index
+            config.step,
+            synchronized_bn=sync_bn,
+            data_seed=config.step.seed + info.worker_index,
+            accumulate=job["accumulate"],
+            allreduce_dtype=job["allreduce_dtype"],
         )
 
     def dataset_fn(context):
@@ -329,6 +466,8 @@ def worker_main(argv):
             "replicas": replicas,
             "worker_index": info.worker_index,
             "affinity": sorted(os.sched_getaffinity(0)),
+            "accumulate": job["accumulate"],
+            "traffic": _traffic(trainer, job, replicas) if replicas > 1 else None,
         },
     )
     return 0

@@ -156,12 +156,14 @@ def build_step(
     data_seed=None,
     jit_compile=None,
     remat="off",
+    accumulate=1,
+    allreduce_dtype="float32",
 ):
     """A compiled trainer, as ``yolo3.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
-    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat`` goes to the
-    trainer (:mod:`yolo3.remat`). Layers take the global dtype policy.
+    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate`` and
+    ``allreduce_dtype`` go to the trainer. Layers take the global dtype policy.
 
     Returns:
         ``(trainer, images, boxes)``: ``images`` (B, S, S, 3) uint8 of generated shapes and
@@ -182,7 +184,14 @@ def build_step(
     )
     trainer_class = TrivialLossTrainer if trivial_loss else YoloTrainer
     anchors = np.asarray(config.anchors, np.float32)
-    trainer = trainer_class(body, anchors=anchors, num_classes=config.num_classes, remat=remat)
+    trainer = trainer_class(
+        body,
+        anchors=anchors,
+        num_classes=config.num_classes,
+        remat=remat,
+        accumulate=accumulate,
+        allreduce_dtype=allreduce_dtype,
+    )
     # train.py's kind of schedule; the rate it gives does not change the cost of a step.
     schedule = WarmupSchedule(1e-3, warmup_steps=1000, total_steps=100000, scale=trainer.lr_scale)
     # Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer, as train.py's.

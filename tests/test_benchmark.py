@@ -7,13 +7,14 @@ import json
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import load_tool
 
-from benchmarks import harness, original_input, scaling, train_step
+from benchmarks import harness, link, original_input, scaling, train_step
 from yolo3 import devices
 from yolo3.resources import read_anchors
 from yolo3.targets import build_targets
@@ -32,7 +33,13 @@ TRAIN_ROWS = (
     r"\(b\) same, targets prebuilt",
     r"\(c\) bare network",
 )
-SCALING_ROWS = (r"1 process, 1 core, 1 thread", r"2 workers \(MultiWorkerMirroredStrategy\)")
+SCALING_ROWS = (
+    r"1 process, 1 core, 1 thread",
+    r"2 workers \(MultiWorkerMirroredStrategy\), K=1, float32",
+    r"2 workers \(MultiWorkerMirroredStrategy\), K=2, bfloat16",
+)
+CAN_SHAPE = os.geteuid() == 0 and bool(shutil.which("ip")) and bool(shutil.which("tc"))
+CANNOT_SHAPE = "a rate-limited loopback needs root and iproute2 (ip, tc)"
 # Settings small enough for a smoke test: tiny at 64 px, a few steps.
 SMALL_STEP = ["--input-size", "64", "--batch-size", "2", "--steps", "2", "--warmup-steps", "1"]
 SMALL_STEP += ["--repeats", "1", "--num-classes", "3"]
@@ -243,16 +250,84 @@ def test_precisions_default_to_float16_only_with_a_gpu():
 
 
 @pytest.mark.slow
-def test_scaling_prints_one_process_two_workers_and_the_efficiency(tmp_path, capsys):
+@pytest.mark.skipif(not CAN_SHAPE, reason=CANNOT_SHAPE)
+def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
+    argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16"]
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
     _check_rows(output, SCALING_ROWS)
-    assert re.search(r"^scaling efficiency, 2 workers .* >= 90% +(PASS|MISS)$", output, re.M)
-    saved = _check_json(json_path, ("single", "workers"))
+    assert re.search(r"^scaling efficiency, 2 workers .*K=2, bfloat16 .* >= 90% +(PASS|MISS)$",
+                     output, re.M)  # fmt: skip
+    saved = _check_json(json_path, ("single", "workers_1_float32", "workers_2_bfloat16"))
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
+    plain, tuned = (saved["communication"][k] for k in ("workers_1_float32", "workers_2_bfloat16"))
+    # bfloat16 halves the gradient; two micro-batches per step halve it again per image.
+    assert tuned["gradient_bytes"] * 2 == plain["gradient_bytes"]
+    assert tuned["bytes_per_image"] < plain["bytes_per_image"] / 3.5
+    for figures in (plain, tuned):
+        assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
+    assert not _namespaces_left()
+
+
+def _namespaces_left():
+    import subprocess  # noqa: PLC0415
+
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line for line in listed.splitlines() if line.startswith("yolo3-link-")]
+
+
+@pytest.mark.skipif(not CAN_SHAPE, reason=CANNOT_SHAPE)
+def test_shaped_loopback_limits_the_rate_and_is_removed_even_after_a_failure():
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    # 4 MB from a client to a server on 127.0.0.1 inside the namespace.
+    probe = (
+        "import socket, threading, time\n"
+        "server = socket.create_server(('127.0.0.1', 0)); port = server.getsockname()[1]\n"
+        "def drain():\n"
+        "    connection, _ = server.accept()\n"
+        "    while connection.recv(1 << 16): pass\n"
+        "thread = threading.Thread(target=drain); thread.start()\n"
+        "client = socket.create_connection(('127.0.0.1', port)); start = time.perf_counter()\n"
+        "client.sendall(b'x' * (4 << 20)); client.close(); thread.join()\n"
+        "print(8 * (4 << 20) / (time.perf_counter() - start))\n"
+    )
+    with link.RateLimitedLoopback("20mbit") as shaped:
+        completed = subprocess.run(
+            shaped.command([sys.executable, "-c", probe]), capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr
+        # Unshaped, this loopback carries gigabits per second.
+        assert float(completed.stdout) < 40e6
+        assert shaped.name in _namespaces_left()
+    assert not _namespaces_left()
+    with pytest.raises(RuntimeError), link.RateLimitedLoopback("20mbit") as shaped:
+        raise RuntimeError("a benchmark process failed")
+    assert not _namespaces_left()
+
+
+def test_link_rates_and_settings_are_checked(capsys, monkeypatch):
+    assert link.parse_rate("100mbit") == 1e8 and link.parse_rate("1.5gbit") == 1.5e9
+    assert link.parse_rate("none") is None
+    for bad in ("100", "100mbps", "fast", "0mbit"):
+        with pytest.raises(ValueError, match="--link"):
+            link.parse_rate(bad)
+    tool = load_tool("benchmark")
+    assert tool.main(["scaling", "--link", "100mbps"]) == 2
+    assert "--link '100mbps'" in capsys.readouterr().err
+    assert tool.main(["scaling", "--settings", "0:float32"]) == 2
+    assert "K:DTYPE" in capsys.readouterr().err
+    assert tool.main(["scaling", "--settings", "4:int8"]) == 2
+    assert "--allreduce-dtype" in capsys.readouterr().err
+    # Without root the shaped link cannot be made: one line and status 2, nothing started.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert tool.main(["scaling", *SMALL_STEP, "--link", "100mbit"]) == 2
+    assert "needs root" in capsys.readouterr().err
 
 
 def _runs(speeds, cpu):
@@ -263,12 +338,18 @@ def test_scaling_combines_workers_in_lockstep():
     # Two workers, 3 steps of 4 images each: 24 images in the slower worker's 2 s -> 12/s;
     # CPU: 1.5 s + 2.5 s = 4 s over 24 images -> 166.67 ms per image.
     results = [
-        {"windows": [{"steps": 3, "seconds": 1.5, "cpu_seconds": 1.5}]},
-        {"windows": [{"steps": 3, "seconds": 2.0, "cpu_seconds": 2.5}]},
+        {"windows": [{"steps": 3, "seconds": 1.5, "cpu_seconds": 1.5}], "accumulate": 1},
+        {"windows": [{"steps": 3, "seconds": 2.0, "cpu_seconds": 2.5}], "accumulate": 1},
     ]
     (figures,) = scaling._windows(results, batch_size=4)
     assert figures["images_per_second"] == pytest.approx(12.0)
     assert figures["cpu_ms_per_image"] == pytest.approx(4000 / 24)
+    assert figures["step_seconds"] == pytest.approx(2.0 / 3)
+    # Two micro-batches per optimizer step: twice the images in the same steps.
+    for result in results:
+        result["accumulate"] = 2
+    (figures,) = scaling._windows(results, batch_size=4)
+    assert figures["images_per_second"] == pytest.approx(24.0)
 
 
 def test_overhead_is_the_median_of_the_ratios_within_rounds():

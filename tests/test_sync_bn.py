@@ -317,3 +317,24 @@ def test_one_float32_step_on_four_replicas_matches_one_device(training):
         f"{to_exact:.2g}; one device differs from float64 by "
         f"{_max_difference(one_device, exact):.2g}"
     )
+
+
+def test_one_collective_per_layer(strategy, monkeypatch):
+    """A slow network pays a round trip per collective: the statistics travel in one."""
+    calls = []
+    context_class = tf.distribute.ReplicaContext
+    for name in ("all_reduce", "all_gather"):
+        original = getattr(context_class, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(context_class, name, spy)
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(8, 4, 4, 3)).astype(np.float32)
+    with strategy.scope():
+        layer = _build(SyncBatchNormalization(), _random_bn_weights(rng, 3), x.shape)
+    _run_on_replicas(strategy, lambda x: layer(x, training=True), x)
+    assert calls.count("all_gather") == REPLICAS  # once per replica, no all-reduce
+    assert "all_reduce" not in calls

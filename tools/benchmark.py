@@ -4,6 +4,7 @@
     python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
+        [--link 100mbit] [--settings 1:float32 8:bfloat16]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -20,7 +21,11 @@ for each ``--remat`` setting, one process each.
 
 ``scaling`` (:mod:`benchmarks.scaling`): images/s of the training step in one process
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
-core with one thread; the scaling efficiency. About 3 minutes on 2 cores.
+core with one thread; the scaling efficiency. ``--link RATE`` runs every process in a
+private network namespace whose loopback is rate-limited with tc (root and iproute2;
+exit status 2 without them); ``--settings K:DTYPE ...`` compares micro-batches per step
+and all-reduce dtypes side by side, with the bytes sent per step and the step time a
+compute + bytes / rate model predicts. About 3 minutes on 2 cores at 128 px.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -260,12 +265,16 @@ def _run_scaling(args):
         rounds=args.rounds,
         sync_bn=args.sync_bn,
         timeout=args.timeout,
+        link=args.link,
+        settings=tuple(args.settings),
     )
     result = run_scaling(config, command=args.command, log=_log)
     return _report(result, format_scaling(result), args.json)
 
 
 def _add_scaling(subparsers):
+    from yolo3.cli import argument_type  # noqa: PLC0415
+
     parser = subparsers.add_parser(
         "scaling",
         help="1 training process vs 2 workers on 127.0.0.1, one core each",
@@ -285,7 +294,40 @@ def _add_scaling(subparsers):
     parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds for one run, start-up included"
     )
+    parser.add_argument(
+        "--link",
+        type=argument_type(_link_rate),
+        default="none",
+        metavar="RATE",
+        help="limit the loopback to a tc rate (100mbit, 1gbit, ...) in a private network "
+        "namespace; none: the machine's own loopback",
+    )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        type=argument_type(_setting),
+        default=[(1, "float32")],
+        metavar="K:DTYPE",
+        help="worker runs to compare: K micro-batches per optimizer step (--accumulate) and "
+        "the all-reduce dtype (float32, bfloat16, float16); default 1:float32",
+    )
     parser.set_defaults(handler=_run_scaling)
+
+
+def _link_rate(text):
+    from benchmarks.link import parse_rate  # noqa: PLC0415
+
+    parse_rate(text)
+    return text.strip().lower()
+
+
+def _setting(text):
+    from yolo3.communication import check_allreduce_dtype  # noqa: PLC0415
+
+    accumulate, _, dtype = text.partition(":")
+    if not accumulate.isdigit() or int(accumulate) < 1:
+        raise ValueError(f"{text!r}: use K:DTYPE, K >= 1 micro-batches, e.g. 8:bfloat16")
+    return int(accumulate), check_allreduce_dtype(dtype or "float32")
 
 
 def build_parser():
@@ -307,6 +349,7 @@ def main(argv=None):
         args.command = command
         return args.handler(args)
 
+    # benchmarks.link.LinkUnavailable is a ValueError: status 2, as bad usage.
     return run_main(build_parser(), argv, body, failures=(RuntimeError,))
 
 
