@@ -7,10 +7,13 @@
 With ``TF_CONFIG`` (or a multi-task Slurm step) in the environment, every worker runs this
 same command and they train as one job (``tools/launch.py`` starts such jobs).
 A job killed mid-training resumes from its last backup when started again with the same
-command; ``--resume`` continues a finished run from its saved state (e.g. more epochs).
+command (the newest step every worker holds, also mid-epoch); ``--resume`` continues a
+finished run from its saved state (e.g. more epochs). SIGTERM to any worker stops every
+worker after the same step, with a backup there.
 
 Exit status: 0 when training finished, 1 when it stopped on a non-finite loss, 2 on bad
-usage or input.
+usage or input, 143 when stopped by SIGTERM (preempted) with backups written: run the same
+command to resume.
 """
 
 import argparse
@@ -22,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import training  # noqa: E402
+from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
 from yolo3.cli import KNOWN_ERRORS, fail, run_main  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -253,12 +257,22 @@ def _train(args):
     if args.test_io:
         return training.test_io(config, seconds=args.test_io)
     result = training.run(config)
+    if result.preempted_at is not None:
+        epoch, step = result.preempted_at
+        print(
+            f"stopped on request after optimizer step {step} (epoch {epoch + 1}), backups "
+            f"written; the same command resumes there (exit status {PREEMPTED_STATUS})",
+            file=sys.stderr,
+        )
+        return PREEMPTED_STATUS
     return fail(result.stopped_reason, status=1) if result.stopped_reason else 0
 
 
 def main(argv=None):
     errors = (*KNOWN_ERRORS, training.XlaCompileError)
-    return run_main(build_parser(), argv, _train, errors=errors)
+    return run_main(
+        build_parser(), argv, _train, errors=errors, failures=(training.CollectiveError,)
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 
 - :class:`TemplateCheckpoint`: the bare ``yolo_body`` weights (last, best, every k epochs)
   plus the full training state for ``--resume``; written by the chief worker only.
-- :class:`WorkerBackup`: per-worker backups; a killed job resumes when started again.
+- :class:`WorkerBackup`: per-worker backups; a killed job resumes when started again, from
+  the newest step every worker has.
+- :class:`Preemption`: SIGTERM stops every worker after the same step, with a backup there.
 - :class:`Throughput`: images/s and the time each step waited for input.
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
@@ -17,16 +19,20 @@ from .backup import WorkerBackup
 from .checkpoint import TemplateCheckpoint, read_training_state
 from .evaluation import MapEvaluation
 from .monitor import LearningRateLogger, StopOnNonFinite, Throughput
+from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .schedule import FreezeSchedule, PlateauScale
 
 __all__ = [
     "FreezeSchedule",
     "LearningRateLogger",
     "MapEvaluation",
+    "PREEMPTED_STATUS",
     "PlateauScale",
+    "Preemption",
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",
     "WorkerBackup",
+    "make_stop_flag",
     "read_training_state",
 ]

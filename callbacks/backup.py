@@ -1,73 +1,148 @@
-"""Per-worker backups, so a job killed mid-training resumes when started again.
+"""Per-worker backups, so a job killed or preempted mid-training resumes when started again.
 
-Like Keras's ``BackupAndRestore``, but the weights and the epoch they belong to live in
-one file written under a temporary name and renamed: a worker killed while saving leaves
-the previous backup intact, never a torn file or an epoch count that disagrees with the
-weights. Every worker keeps its own folder (``backup/worker-N``), so workers never write
-the same file; the folder is deleted when training finishes.
+Like Keras's ``BackupAndRestore``, but each backup holds the weights and the position they
+belong to (epochs done, steps done in the epoch under way, the global step) in one file
+written under a temporary name and renamed: a worker killed while saving leaves its earlier
+backups intact, never a torn file or a position that disagrees with the weights. Every
+worker keeps its own folder (``backup/worker-N``), so workers never write the same file.
+
+Each folder keeps the two newest backups, ``backup-<step>.weights.h5``. Workers save at the
+same steps, and no worker can get more than one save ahead of another (the next step's
+all-reduce waits for all), so when a job dies during a save the step that every worker has
+is among each one's two. :meth:`WorkerBackup.restore` finds that step with one collective,
+loads it, and broadcasts the chief's weights and optimizer state, so that the workers start
+bit for bit alike; ``training.run`` then continues from that very step, also mid-epoch.
 """
 
+import collections
+import glob
 import json
 import os
+import re
 import shutil
 
 import h5py
 import keras
 
+from yolo3 import distribute
 from yolo3.fileio import atomic_write
 from yolo3.weights import METADATA_KEY, read_metadata
 
-BACKUP = "backup.weights.h5"
+PATTERN = "backup-{step:09d}.weights.h5"
+LEGACY = "backup.weights.h5"  # one file, epoch ends only (earlier versions)
+KEEP = 2
+
+
+# Where training stands: epochs done, steps done in the next epoch, global step.
+Position = collections.namedtuple("Position", ["epoch", "batch", "step"])
 
 
 class WorkerBackup(keras.callbacks.Callback):
-    """Saves the whole trainer (weights, optimizer, step) at each epoch end or every N steps.
+    """Saves the whole trainer (weights, optimizer, step) at epoch ends, every N steps and
+    when the job is asked to stop (``model.stop_requested``, see ``Preemption``).
 
     Args:
         directory: this worker's backup folder.
-        every_steps: also back up every this many steps (None: at epoch ends only). A run
-            restored from a mid-epoch backup starts that epoch again from its first step.
+        steps_per_epoch: optimizer steps per epoch.
+        every_steps: also back up every this many global steps (None: epoch ends only).
         log: a print-like function for the restore message.
     """
 
-    def __init__(self, directory, every_steps=None, log=None):
+    def __init__(self, directory, steps_per_epoch, every_steps=None, log=None):
         super().__init__()
         self.directory = directory
-        self.path = os.path.join(directory, BACKUP)
+        self.steps_per_epoch = int(steps_per_epoch)
         self.every_steps = every_steps
         self.log = log
         self.epoch = 0
-        self.restored_epoch = None
+        self.restored = None  # the Position restored, if any
 
-    def on_train_begin(self, logs=None):
-        if not os.path.exists(self.path):
-            return
-        self.model.load_weights(self.path)
-        self.restored_epoch = int(read_metadata(self.path)["epoch"])
-        # The same hook Keras's BackupAndRestore uses to make fit skip finished epochs.
-        self.model._initial_epoch = self.restored_epoch
+    # -- restoring ---------------------------------------------------------------------
+
+    def available(self):
+        """``{step: path}`` of this worker's backups."""
+        found = {}
+        for path in glob.glob(os.path.join(glob.escape(self.directory), "backup-*.weights.h5")):
+            match = re.fullmatch(r"backup-(\d+)\.weights\.h5", os.path.basename(path))
+            if match:
+                found[int(match.group(1))] = path
+        legacy = os.path.join(self.directory, LEGACY)
+        if os.path.exists(legacy):
+            found.setdefault(int(read_metadata(legacy)["epoch"]) * self.steps_per_epoch, legacy)
+        return found
+
+    def restore(self, trainer, strategy):
+        """Loads the newest backup every worker has; returns its :class:`Position` or None.
+
+        Every worker of the job must call it, before ``fit``. Backups newer than the agreed
+        step are deleted: training from there will write them again.
+        """
+        found = self.available()
+        step = distribute.common_newest(strategy, found, slots=KEEP)
+        if step is None:
+            if found and self.log:
+                self.log(
+                    f"backups in {self.directory} (steps {sorted(found)}) are not shared by "
+                    "every worker: training starts afresh"
+                )
+            return None
+        path = found[step]
+        trainer.load_weights(path)
+        distribute.broadcast_from_chief(
+            strategy, list(trainer.variables) + list(trainer.optimizer.variables)
+        )
+        metadata = read_metadata(path)
+        position = self._position(metadata, step)
+        for newer, newer_path in found.items():
+            if newer > step:
+                os.remove(newer_path)
+        self.restored = position
         if self.log:
-            step = int(self.model.optimizer.iterations.value.numpy())
-            self.log(f"restored backup {self.path}: epoch {self.restored_epoch}, step {step}")
+            optimizer_step = int(trainer.optimizer.iterations.value.numpy())
+            self.log(
+                f"restored backup {path}: epoch {position.epoch}, step {optimizer_step} "
+                f"(batch {position.batch} of the next epoch)"
+            )
+        return position
 
-    def _save(self, epoch):
+    def _position(self, metadata, step):
+        epoch, batch = int(metadata["epoch"]), int(metadata.get("batch", 0))
+        if batch >= self.steps_per_epoch:  # stopped after an epoch's last step
+            epoch, batch = epoch + 1, 0
+        return Position(epoch, batch, step)
+
+    # -- saving ------------------------------------------------------------------------
+
+    def _save(self, epoch, batch):
+        step = epoch * self.steps_per_epoch + batch
         os.makedirs(self.directory, exist_ok=True)
-        with atomic_write(self.path) as temp:
+        path = os.path.join(self.directory, PATTERN.format(step=step))
+        with atomic_write(path) as temp:
             self.model.save_weights(temp)
             with h5py.File(temp, "a") as f:
-                f.attrs[METADATA_KEY] = json.dumps({"epoch": epoch})
+                f.attrs[METADATA_KEY] = json.dumps({"epoch": epoch, "batch": batch, "step": step})
+        # Only once the new one is complete: the older ones beyond the newest KEEP go.
+        found = self.available()
+        for old in sorted(found)[:-KEEP]:
+            os.remove(found[old])
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.every_steps and (batch + 1) % self.every_steps == 0:
-            self._save(self.epoch)  # the epoch in progress: restoring repeats it
+        done = batch + 1  # steps of this epoch, those before a mid-epoch resume included
+        if self.restored is not None and self.epoch == self.restored.epoch:
+            done += self.restored.batch
+        step = self.epoch * self.steps_per_epoch + done
+        stopping = getattr(self.model, "stop_requested", False)
+        if stopping or (self.every_steps and step % self.every_steps == 0):
+            self._save(self.epoch, done)
 
     def on_epoch_end(self, epoch, logs=None):
-        self._save(epoch + 1)
+        if getattr(self.model, "stop_requested", False):
+            return  # saved at the step the job stopped, mid-epoch
+        self._save(epoch + 1, 0)
 
-    def on_train_end(self, logs=None):
-        # Reached only when fit returns (finished, early-stopped or stopped on a non-finite
-        # loss); a killed worker never gets here and keeps its backup.
+    def remove(self):
+        """Deletes the folder: training finished (or stopped on its own, not killed)."""
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -88,6 +88,8 @@ class TemplateCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
+        if getattr(self.model, "stop_requested", False):
+            return  # the epoch did not finish: the workers' backups hold the stopped step
         if not math.isfinite(float((logs or {}).get("loss", 0.0))):
             return  # weights after a non-finite loss are not worth keeping
         logs = _finite_logs(logs)

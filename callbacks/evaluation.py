@@ -36,7 +36,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self.history = []
 
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self.every:
+        if (epoch + 1) % self.every or getattr(self.model, "stop_requested", False):
             return
         from yolo3 import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 

@@ -261,9 +261,11 @@ def test_killed_worker_ends_the_job_and_a_relaunch_resumes(setup, longer, tmp_pa
     launcher = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    backup = tmp_path / "job/backup/worker-1/backup.weights.h5"
+    backups = tmp_path / "job/backup/worker-1"
     try:
-        _wait_for(lambda: backup.exists(), TIMEOUT, "worker 1's first backup")
+        _wait_for(
+            lambda: list(backups.glob("backup-*.weights.h5")), TIMEOUT, "worker 1's first backup"
+        )
         victim = _worker_pid(launcher.pid, 1)
         assert victim is not None
         killed_at = time.monotonic()
@@ -285,12 +287,13 @@ def test_killed_worker_ends_the_job_and_a_relaunch_resumes(setup, longer, tmp_pa
 
 
 @pytest.mark.slow
-def test_killed_single_process_resumes_with_its_optimizer_state(longer, tmp_path):
+def test_killed_single_process_resumes_at_the_saved_step(longer, tmp_path):
     records, anchors = longer
-    args = train_args(records, tmp_path / "run", anchors, "--epochs", "3", "--backup-every", "2")
+    args = train_args(records, tmp_path / "run", anchors, "--epochs", "3", "--backup-every", "3")
     command = [sys.executable, str(WORKER), str(tmp_path / "dump"), "--", *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = tmp_path / "run/checkpoints/state.weights.h5"
+    backups = tmp_path / "run/backup/worker-0"
     try:
         _wait_for(lambda: state.exists(), TIMEOUT, "the first epoch's training state")
         process.send_signal(signal.SIGKILL)
@@ -298,21 +301,23 @@ def test_killed_single_process_resumes_with_its_optimizer_state(longer, tmp_path
     finally:
         if process.poll() is None:
             process.kill()
-    backup = tmp_path / "run/backup/worker-0/backup.weights.h5"
-    assert backup.exists()
-    restored_epoch = read_metadata(str(backup))["epoch"]
+    newest = max(backups.glob("backup-*.weights.h5"))
+    saved = read_metadata(str(newest))
     log = _run(command)
-    restored = re.search(rf"restored backup {re.escape(str(backup))}: epoch (\d+), step (\d+)", log)
-    assert restored and int(restored.group(1)) == restored_epoch, log[-2000:]
+    restored = re.search(
+        rf"restored backup {re.escape(str(newest))}: epoch (\d+), step (\d+) \(batch (\d+)", log
+    )
+    assert restored, log[-2000:]
+    epoch, step, batch = (int(restored.group(i)) for i in (1, 2, 3))
+    # 32 records / batch 4 = 8 steps per epoch; backups every 3 steps and at epoch ends.
+    assert (epoch, batch) == divmod(saved["step"], 8) and step == saved["step"]
     dump = np.load(tmp_path / "dump/worker-0.npz")
-    assert int(dump["epochs_this_run"]) == 3 - restored_epoch
-    # 32 records / batch 4 = 8 steps per epoch; the optimizer's count continues from the
-    # backup's. A backup taken mid-epoch (every 2 steps) holds that epoch's first steps,
-    # and the epoch is trained again from its start.
-    restored_step = int(restored.group(2))
-    assert restored_step >= 8 * restored_epoch
-    assert int(dump["step"]) == restored_step + 8 * (3 - restored_epoch)
+    # A mid-epoch backup continues from its step: exactly the planned 24 steps in all,
+    # and the epoch under way counts once.
+    assert int(dump["step"]) == 24
+    assert int(dump["epochs_this_run"]) == 3 - epoch
     assert read_metadata(str(state))["epoch"] == 3
+    assert not backups.exists()
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])

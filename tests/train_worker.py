@@ -47,6 +47,10 @@ def main():
     arrays["scale_history"] = np.asarray(result.trainer.scale_history, np.int64)
     os.makedirs(dump_dir, exist_ok=True)
     np.savez(os.path.join(dump_dir, f"worker-{index}.npz"), **arrays)
+    if result.preempted_at is not None:
+        from yolo3.callbacks import PREEMPTED_STATUS
+
+        return PREEMPTED_STATUS
     return 1 if result.stopped_reason else 0
 
 

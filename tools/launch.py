@@ -11,6 +11,8 @@ is the chief: it writes checkpoints and logs.
 Each worker's output is printed with a ``[worker i]`` prefix. When one worker fails, the
 others are stopped after ``--grace`` seconds, so a dead machine ends the job with an error
 instead of a hang; start the same command again to resume from the workers' backups.
+SIGTERM to the launcher is passed on to its workers, which then stop after the same step
+with a backup there (``train.py`` exits with 143); the same command resumes.
 
 Exit status: 0 when every worker succeeded, else the first failing worker's status.
 """
@@ -147,10 +149,22 @@ def launch(args):
         threads.append(thread)
     if args.dry_run:
         return 0
-    status = _wait(processes, args.grace)
+    # SIGTERM to the launcher (Slurm, Kubernetes, a spot machine going away) goes on to
+    # every local worker: they stop together after one step, with backups there.
+    previous = signal.signal(signal.SIGTERM, lambda *_: _forward(processes, signal.SIGTERM))
+    try:
+        status = _wait(processes, args.grace)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for thread in threads:
         thread.join()
     return status
+
+
+def _forward(processes, signum):
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signum)
 
 
 def _wait(processes, grace):

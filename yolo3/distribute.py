@@ -278,6 +278,81 @@ def chief_only_path(path, info):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def common_newest(strategy, candidates, *, slots=2):
+    """The largest of ``candidates`` (non-negative ints) that every worker also holds.
+
+    Every worker must call it at the same point with its own candidates (at most
+    ``slots``): one all-gather over the job. Returns None when no value is common to all.
+    With one worker it returns ``max(candidates)`` (None if empty) and sends nothing.
+    """
+    candidates = sorted({int(c) for c in candidates}, reverse=True)[:slots]
+    if worker_info(strategy).num_workers == 1:
+        return candidates[0] if candidates else None
+    padded = tf.constant([candidates + [-1] * (slots - len(candidates))], tf.int64)
+
+    @tf.function
+    def gather():
+        def replica_fn():
+            return tf.distribute.get_replica_context().all_gather(tf.identity(padded), axis=0)
+
+        return strategy.run(replica_fn)
+
+    gathered = strategy.experimental_local_results(gather())[0].numpy()
+    common = set.intersection(*({int(v) for v in row if v >= 0} for row in gathered))
+    return max(common) if common else None
+
+
+def broadcast_from_chief(strategy, variables):
+    """Sets ``variables`` (Keras or tf variables) on every worker to the chief's values.
+
+    Bit for bit: each value travels as integers of its width, the first replica's (on the
+    chief) summed with zeros from every other replica. Every worker must call it at the same
+    point with the same variables. With one worker it does nothing.
+    """
+    if worker_info(strategy).num_workers == 1 or not variables:
+        return
+    handles = [getattr(v, "value", v) for v in variables]
+    bits = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32}
+    bits.update({tf.float64: tf.int64, tf.int32: tf.int32, tf.int64: tf.int64})
+    for handle in handles:
+        if handle.dtype.base_dtype not in bits:
+            raise TypeError(f"cannot broadcast {handle.name} of dtype {handle.dtype.name}")
+
+    def as_bits(handle):
+        value = tf.identity(handle)  # a tensor on this replica's device
+        wide = bits[handle.dtype.base_dtype]
+        value = value if value.dtype == wide else tf.bitcast(value, wide)
+        # int16 has no collective kernel everywhere: widen the 16-bit kinds losslessly.
+        return tf.cast(value, tf.int32) if wide == tf.int16 else value
+
+    @tf.function
+    def gather():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            first = tf.equal(context.replica_id_in_sync_group, 0)
+            values = [as_bits(h) for h in handles]
+            sent = [tf.where(first, v, tf.zeros_like(v)) for v in values]
+            groups = {}
+            for index, value in enumerate(sent):
+                groups.setdefault(value.dtype, []).append(index)
+            summed = [None] * len(sent)
+            for indices in groups.values():  # one all-reduce per dtype
+                reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [sent[i] for i in indices])
+                for index, value in zip(indices, reduced):
+                    summed[index] = value
+            return summed
+
+        return strategy.run(replica_fn)
+
+    for handle, value in zip(handles, gather()):
+        value = strategy.experimental_local_results(value)[0]
+        dtype = handle.dtype.base_dtype
+        wide = bits[dtype]
+        if wide == tf.int16:
+            value = tf.cast(value, tf.int16)
+        handle.assign(value if dtype == wide else tf.bitcast(value, dtype))
+
+
 def free_ports(count, host="127.0.0.1"):
     """``count`` distinct TCP ports free on ``host`` now.
 

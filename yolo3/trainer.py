@@ -34,6 +34,8 @@ BACKBONE_CONVS = {"yolov3": 52, "tiny": 5}
 OPTIMIZERS = ("adam", "sgd")
 # A train-step log: seconds between the step's request and its batch's arrival.
 INPUT_WAIT_KEY = "input_wait"
+# A train-step log, removed before callbacks see it: > 0 when any worker asked to stop.
+STOP_KEY = "stop_requested"
 
 
 @keras.saving.register_keras_serializable(package="yolo3")
@@ -232,6 +234,8 @@ class YoloTrainer(keras.Model):
             tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
         )
         self.ignore_thresh = float(ignore_thresh)
+        self._stop_flag = None
+        self.stop_requested = False  # set after each step: has any worker asked to stop?
         self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
         # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
         self.lr_scale = self.add_weight(
@@ -252,7 +256,37 @@ class YoloTrainer(keras.Model):
         self._input_clock = clock
         self.train_function = None
 
+    def attach_stop_flag(self, flag):
+        """Lets a worker ask the whole job to stop after the current step.
+
+        ``flag`` (float32 tf.Variable) is this worker's request (0 or 1); each step reduces
+        it over every replica of every worker along with the step's logs, which cost no
+        collective of its own, and sets ``stop_requested`` on every worker alike, so that
+        all of them stop after the same step.
+        """
+        self._stop_flag = flag
+        self.train_function = None
+
+    def _should_eval(self, epoch, validation_freq):
+        # A job asked to stop goes straight to its backup: no validation pass first.
+        return not self.stop_requested and super()._should_eval(epoch, validation_freq)
+
     def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        function = self._make_train_function(force)
+        if self._stop_flag is None:
+            return function
+
+        def train_function(iterator):
+            logs = dict(function(iterator))
+            self.stop_requested = bool(logs.pop(STOP_KEY) > 0)
+            return logs
+
+        self.train_function = train_function
+        return train_function
+
+    def _make_train_function(self, force):
         """Keras's train function, with the batch's arrival stamped outside the step.
 
         XLA has no kernel for ``tf.timestamp``, so the clock is read in an outer function
@@ -262,14 +296,14 @@ class YoloTrainer(keras.Model):
         dispatcher calls the one for the step's size.
         """
         clock = getattr(self, "_input_clock", None)
-        if self.train_function is not None and not force:
-            return self.train_function
         own_step = self.multi_scale is not None or self.accumulate > 1
+        own_step = own_step or self._stop_flag is not None
         if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
             return super().make_train_function(force=force)
         if own_step and (self.run_eagerly or self.steps_per_execution != 1):
             raise ValueError(
-                "multi-scale training and gradient accumulation run one compiled step per call"
+                "multi-scale training, gradient accumulation and stop requests run one "
+                "compiled step per call"
             )
         if self.multi_scale is None:
             self.train_function = self._sized_train_function(None, clock)
@@ -294,18 +328,22 @@ class YoloTrainer(keras.Model):
 
         strategy = self.distribute_strategy
 
-        def sized_step(data):
+        def sized_step(data, stop):
             if size is not None:
                 batches = data if self.accumulate > 1 else (data,)
                 batches = tuple(resize_batch(images, boxes, size) for images, boxes in batches)
                 data = batches if self.accumulate > 1 else batches[0]
-            return self.train_step(data)
+            logs = self.train_step(data)
+            if stop is not None:  # reduced with the logs: > 0 when any worker asked
+                logs = {**logs, STOP_KEY: stop}
+            return logs
 
-        def replicated_step(data):
-            outputs = strategy.run(sized_step, args=(data,))
+        def replicated_step(data, stop):
+            outputs = strategy.run(sized_step, args=(data, stop))
             return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
         step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
+        flag = self._stop_flag
 
         @tf.function(reduce_retracing=True)
         def train_function(iterator):
@@ -313,13 +351,15 @@ class YoloTrainer(keras.Model):
                 data = tuple(iterator.get_next() for _ in range(self.accumulate))
             else:
                 data = iterator.get_next()
+            # Read here, outside the compiled step: the flag is a host variable.
+            stop = None if flag is None else tf.identity(flag)
             if clock is None:
-                return step(data)
+                return step(data, stop)
             with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
                 arrived = tf.timestamp()
             # Nothing of the step may start before the arrival time is taken.
             with tf.control_dependencies([arrived]):
-                logs = step(data)
+                logs = step(data, stop)
             logs = dict(logs)
             logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
             return logs

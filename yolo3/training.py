@@ -131,6 +131,10 @@ class XlaCompileError(RuntimeError):
     """The train step did not compile with XLA; ``--jit-compile off`` avoids it."""
 
 
+class CollectiveError(RuntimeError):
+    """A multi-worker collective failed or timed out: a worker died or is unreachable."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     history: dict
@@ -142,6 +146,7 @@ class TrainResult:
     stopped_reason: str | None = None
     throughput: list = dataclasses.field(default_factory=list)
     trainer: object = None  # the YoloTrainer; trainer.body is the template model
+    preempted_at: tuple | None = None  # (epoch, optimizer step) a stop request ended it at
 
 
 def gpus_in_use(config):
@@ -414,6 +419,19 @@ def run(config, *, log=print):
             },
         )
     monitor = "val_loss" if val_data is not None else "loss"
+    backup = yolo_callbacks.WorkerBackup(
+        os.path.join(backup_root, f"worker-{info.worker_index}"),
+        steps_per_epoch=steps,
+        every_steps=config.backup_every,
+        log=log,
+    )
+    # Every worker takes part, with or without backups of its own: they agree on a step.
+    position = backup.restore(trainer, strategy)
+    if position is not None:
+        initial_epoch = position.epoch
+    stop_flag = yolo_callbacks.make_stop_flag()
+    trainer.attach_stop_flag(stop_flag)
+    preemption = yolo_callbacks.Preemption(stop_flag, log=log)
     callback_list, throughput, nonfinite = _callbacks(
         config,
         trainer=trainer,
@@ -424,23 +442,44 @@ def run(config, *, log=print):
         global_batch=global_batch,
         monitor=monitor,
         checkpoint_dir=checkpoint_dir,
-        backup_root=backup_root,
         map_source=val_source,
+        backup=backup,
+        preemption=preemption,
         log=log,
     )
 
-    try:
-        history = trainer.fit(
+    def fit(first_epoch, last_epoch, steps_per_epoch):
+        return trainer.fit(
             train_data,
-            epochs=config.epochs,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=steps,
+            epochs=last_epoch,
+            initial_epoch=first_epoch,
+            steps_per_epoch=steps_per_epoch,
             validation_data=val_data,
             validation_steps=val_steps,
             callbacks=callback_list,
             shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
             verbose=config.verbose if info.is_chief else 0,
-        )
+        ).history
+
+    history = {}
+    try:
+        with preemption.installed():
+            first = initial_epoch
+            if position is not None and position.batch and first < config.epochs:
+                # A mid-epoch backup: the rest of that epoch first, then whole epochs.
+                _extend(history, fit(first, first + 1, steps - position.batch))
+                first += 1
+            if first < config.epochs and not trainer.stop_training:
+                _extend(history, fit(first, config.epochs, steps))
+    except _COLLECTIVE_FAILURES as error:
+        if info.num_workers == 1:
+            raise
+        raise CollectiveError(
+            f"worker {info.worker_index}: a collective with the other workers failed "
+            f"({type(error).__name__}: {_cause(error)}); a worker died or cannot be reached. "
+            "Each worker's backups hold its last saved steps: start the same command on every "
+            "worker again to resume"
+        ) from error
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
         if not jit_compile or "XLA" not in str(error):
             raise
@@ -449,12 +488,16 @@ def run(config, *, log=print):
             f"XLA could not compile the train step ({first_line.strip()}); rerun with "
             "--jit-compile off"
         ) from error
-    epochs_done = initial_epoch + len(history.epoch)
-    if history.epoch:
-        epochs_done = history.epoch[-1] + 1
+    epochs_done = initial_epoch + len(history.get("loss", []))
+    if preemption.stopped_at is not None:
+        epochs_done = preemption.stopped_at[0]  # the epoch under way did not finish
+    else:
+        # Finished, or stopped on its own (early stopping, a non-finite loss): nothing
+        # to resume from.
+        backup.remove()
     log(f"trained to epoch {epochs_done} in {time.perf_counter() - started:.1f} s")
     return TrainResult(
-        history=history.history,
+        history=history,
         epochs_done=epochs_done,
         checkpoint_dir=checkpoint_dir,
         global_batch_size=global_batch,
@@ -463,12 +506,37 @@ def run(config, *, log=print):
         stopped_reason=nonfinite.message,
         throughput=throughput.history,
         trainer=trainer,
+        preempted_at=preemption.stopped_at,
     )
+
+
+def _extend(history, more):
+    for key, values in more.items():
+        history.setdefault(key, []).extend(values)
+
+
+# What a collective raises when another worker died, froze or cannot be reached.
+_COLLECTIVE_FAILURES = (
+    tf.errors.DeadlineExceededError,
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+
+def _cause(error):
+    """The line of a collective's error that says what happened (not the traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        lowered = line.lower()
+        if any(word in lowered for word in ("heartbeat", "deadline", "timed out", "unhealthy")):
+            return line[:300]
+    return lines[0][:300] if lines else "no message"
 
 
 def _callbacks(
     config, *, trainer, info, model_type, metadata, clock, global_batch, monitor,
-    checkpoint_dir, backup_root, map_source, log,
+    checkpoint_dir, map_source, backup, preemption, log,
 ):  # fmt: skip
     """The callbacks of a run, in the order they must see each epoch's logs.
 
@@ -482,7 +550,7 @@ def _callbacks(
         global_batch, clock, log=epoch_log if info.is_chief else None
     )
     nonfinite = yolo_callbacks.StopOnNonFinite()
-    ordered = []
+    ordered = [preemption]
     if config.freeze_body:
         names = frozen_layer_names(body, model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
@@ -506,11 +574,7 @@ def _callbacks(
             )
         )
     ordered += [
-        yolo_callbacks.WorkerBackup(
-            os.path.join(backup_root, f"worker-{info.worker_index}"),
-            every_steps=config.backup_every,
-            log=log,
-        ),
+        backup,
         yolo_callbacks.TemplateCheckpoint(
             checkpoint_dir,
             body,
