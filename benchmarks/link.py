@@ -13,7 +13,9 @@ failure.
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 
 # tc's units for bits per second (tc reads "kbps" as kilobytes: not accepted here).
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -67,6 +69,11 @@ class RateLimitedLoopback:
                 "root or use --link none"
             )
         self._run("ip", "netns", "add", self.name)
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM would end Python without unwinding: make it an exit that runs
+            # __exit__, so the namespace goes with the run.
+            self._previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._run(*self.command(["ip", "link", "set", "lo", "mtu", str(_MTU), "up"]))
             self._run(
@@ -76,13 +83,15 @@ class RateLimitedLoopback:
                 )
             )  # fmt: skip
         except BaseException:
-            self._delete()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc):
         if self.bits_per_second is not None:
             self._delete()
+            if self._previous is not None:
+                signal.signal(signal.SIGTERM, self._previous)
         return False
 
     def command(self, argv):
@@ -101,3 +110,7 @@ class RateLimitedLoopback:
             raise LinkUnavailable(
                 f"{' '.join(argv)} failed ({completed.stderr.strip() or completed.returncode})"
             )
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)

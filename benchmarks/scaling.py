@@ -17,7 +17,9 @@ repeated by ``tf.data`` through ``strategy.distribute_datasets_from_function``, 
 figures are of the step and its communication, not of reading. After the warm-up steps
 (tracing), each repeat times a fixed number of steady steps.
 
-Scaling efficiency = (two-worker images/s) / (2 x one-process images/s).
+Scaling efficiency = (two-worker images/s) / (2 x one-process images/s). Beside it, the
+ceiling: two independent processes training at once, without communication (cores that
+compute together share memory bandwidth and clock, so this is below 2 x one process).
 
 ``settings`` runs the workers once per (micro-batches per step, all-reduce dtype) pair,
 side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
@@ -138,8 +140,11 @@ def _environment(tf_config):
     return env
 
 
-def _run_job(config, workers, directory, log, *, link, setting=(1, "float32")):
-    """Starts ``workers`` pinned processes (one: no TF_CONFIG) and returns their results."""
+def _run_job(config, workers, directory, log, *, link, setting=(1, "float32"), independent=False):
+    """Starts ``workers`` pinned processes and returns their results.
+
+    One process, or ``independent`` ones, get no TF_CONFIG: each trains alone.
+    """
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
     accumulate, dtype = setting
@@ -149,8 +154,11 @@ def _run_job(config, workers, directory, log, *, link, setting=(1, "float32")):
     processes, outputs = [], []
     try:
         for index, core in enumerate(cores):
-            tf_config = distribute.tf_config(addresses, index) if workers > 1 else None
-            output = os.path.join(directory, f"{workers}w-{accumulate}-{dtype}-{index}.log")
+            together = workers > 1 and not independent
+            tf_config = distribute.tf_config(addresses, index) if together else None
+            output = os.path.join(
+                directory, f"{workers}w-{accumulate}-{dtype}-{independent}-{index}.log"
+            )
             outputs.append(output)
             with open(output, "w", encoding="utf-8") as log_file:
                 processes.append(
@@ -176,7 +184,9 @@ def _run_job(config, workers, directory, log, *, link, setting=(1, "float32")):
         with open(f"{output}.json", encoding="utf-8") as f:
             results.append(json.load(f))
     label = f"{workers} process{'es' if workers > 1 else ''}"
-    if workers > 1:
+    if independent:
+        label += ", independent"
+    elif workers > 1:
         label += f", {accumulate} micro-batch{'es' if accumulate > 1 else ''}, {dtype}"
     log(f"  {label}: " + _describe(results, config))
     return results
@@ -253,7 +263,8 @@ def run_scaling(config, *, command="", log=print):
         "config": dataclasses.asdict(config),
     }
     _cores(config.workers)
-    runs = {"single": [], **{_setting_key(setting): [] for setting in config.settings}}
+    runs = {"single": [], "independent": []}
+    runs.update({_setting_key(setting): [] for setting in config.settings})
     traffic = {}
     with tempfile.TemporaryDirectory(prefix="yolo3-scaling-") as directory:
         with RateLimitedLoopback(config.link) as link:
@@ -262,6 +273,10 @@ def run_scaling(config, *, command="", log=print):
                 results = _run_job(config, 1, directory, log, link=link)
                 runs["single"] += _windows(results, config.step.batch_size)
                 result["sync_bn_single"] = results[0]["sync_bn"]
+                results = _run_job(
+                    config, config.workers, directory, log, link=link, independent=True
+                )
+                runs["independent"] += _windows(results, config.step.batch_size)
                 for setting in config.settings:
                     key = _setting_key(setting)
                     results = _run_job(
@@ -274,10 +289,26 @@ def run_scaling(config, *, command="", log=print):
     rows = {
         "single": harness.summarize(
             f"1 process, 1 core, 1 thread, batch {batch}", runs["single"], 1
+        ),
+        "independent": harness.summarize(
+            f"{workers} independent processes at once (no communication)",
+            runs["independent"],
+            workers,
+        ),
+    }
+    single = rows["single"]
+    # What the machine allows before any communication: cores that compute at the same
+    # time share memory bandwidth and clock.
+    ratios = {
+        "ceiling": harness.make_ratio(
+            f"ceiling, {workers} independent processes / ({workers} x 1 process)",
+            rows["independent"]["images_per_second"] / (workers * single["images_per_second"]),
+            single["cpu_ms_per_image"] / rows["independent"]["cpu_ms_per_image"],
+            None,
+            harness.FRACTION,
         )
     }
-    ratios, communication = {}, {}
-    single = rows["single"]
+    communication = {}
     bits_per_second = parse_rate(config.link)
     for accumulate, dtype in config.settings:
         key = _setting_key((accumulate, dtype))

@@ -35,6 +35,7 @@ TRAIN_ROWS = (
 )
 SCALING_ROWS = (
     r"1 process, 1 core, 1 thread",
+    r"2 independent processes at once \(no communication\)",
     r"2 workers \(MultiWorkerMirroredStrategy\), K=1, float32",
     r"2 workers \(MultiWorkerMirroredStrategy\), K=2, bfloat16",
 )
@@ -261,7 +262,9 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     _check_rows(output, SCALING_ROWS)
     assert re.search(r"^scaling efficiency, 2 workers .*K=2, bfloat16 .* >= 90% +(PASS|MISS)$",
                      output, re.M)  # fmt: skip
-    saved = _check_json(json_path, ("single", "workers_1_float32", "workers_2_bfloat16"))
+    keys = ("single", "independent", "workers_1_float32", "workers_2_bfloat16")
+    saved = _check_json(json_path, keys)
+    assert saved["ratios"]["ceiling"]["passed"] is None  # informative
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
     plain, tuned = (saved["communication"][k] for k in ("workers_1_float32", "workers_2_bfloat16"))
     # bfloat16 halves the gradient; two micro-batches per step halve it again per image.
@@ -269,7 +272,7 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert tuned["bytes_per_image"] < plain["bytes_per_image"] / 3.5
     for figures in (plain, tuned):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
-    assert not _namespaces_left()
+    assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
 
 
 def _namespaces_left():
@@ -305,10 +308,22 @@ def test_shaped_loopback_limits_the_rate_and_is_removed_even_after_a_failure():
         # Unshaped, this loopback carries gigabits per second.
         assert float(completed.stdout) < 40e6
         assert shaped.name in _namespaces_left()
-    assert not _namespaces_left()
+    assert shaped.name not in _namespaces_left()
     with pytest.raises(RuntimeError), link.RateLimitedLoopback("20mbit") as shaped:
         raise RuntimeError("a benchmark process failed")
-    assert not _namespaces_left()
+    assert shaped.name not in _namespaces_left()
+    # A benchmark ended by SIGTERM removes its namespace too.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from benchmarks.link import RateLimitedLoopback\n"
+         "with RateLimitedLoopback('20mbit') as shaped:\n"
+         "    print(shaped.name, flush=True); time.sleep(60)"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    name = holder.stdout.readline().strip()
+    assert name in _namespaces_left()
+    holder.terminate()
+    assert holder.wait(timeout=30) == 128 + 15
+    assert name not in _namespaces_left()
 
 
 def test_link_rates_and_settings_are_checked(capsys, monkeypatch):
