@@ -8,7 +8,7 @@ Folder layout under ``--log-dir``::
 
     config.json                the resolved configuration (written by the chief)
     checkpoints/               template weights (last, best, every k) and the full state
-    backup/worker-N/           per-worker BackupAndRestore, deleted when training ends
+    backup/worker-N/           each worker's two newest backups, deleted when training ends
     tensorboard/               loss terms, learning rate, images/s (chief only)
 """
 
