@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
@@ -16,3 +17,13 @@ _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
 )
+
+
+@pytest.fixture(scope="session")
+def four_replicas():
+    """One MirroredStrategy over the four logical CPUs for every in-process test.
+
+    Collectives of a second strategy over the same devices in one process are cancelled
+    ("Function was cancelled before it was started"), so the tests share this one.
+    """
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(NUM_LOGICAL_CPUS)])

@@ -23,8 +23,8 @@ WEIGHT_NAMES = ["gamma", "beta", "moving_mean", "moving_variance"]
 
 
 @pytest.fixture(scope="module")
-def strategy():
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+def strategy(four_replicas):
+    return four_replicas
 
 
 def _random_bn_weights(rng, channels):
