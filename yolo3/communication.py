@@ -85,7 +85,7 @@ def all_reduce_gradients(grads, dtype="float32", options=None):
     sum_op = tf.distribute.ReduceOp.SUM
     if dtype == "float32":
         # Each gradient in its own dtype (float64 stays float64), one call per dtype.
-        return _all_reduce_by_dtype(context, grads, options)
+        return all_reduce_by_dtype(context, grads, options)
     wire = tf.as_dtype(dtype)
     scales = None
     if dtype == "float16":
@@ -106,14 +106,15 @@ def all_reduce_gradients(grads, dtype="float32", options=None):
     return reduced
 
 
-def _all_reduce_by_dtype(context, grads, options):
+def all_reduce_by_dtype(context, tensors, options=None):
+    """SUM of each of ``tensors`` over the replicas, one ``all_reduce`` call per dtype."""
     groups = {}
-    for index, grad in enumerate(grads):
-        groups.setdefault(grad.dtype, []).append(index)
-    reduced = [None] * len(grads)
+    for index, tensor in enumerate(tensors):
+        groups.setdefault(tensor.dtype, []).append(index)
+    reduced = [None] * len(tensors)
     for indices in groups.values():
         summed = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [grads[i] for i in indices], options=options
+            tf.distribute.ReduceOp.SUM, [tensors[i] for i in indices], options=options
         )
         for index, total in zip(indices, summed):
             reduced[index] = total

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
+from yolo3.communication import all_reduce_by_dtype
+
 TRAINING_JOBS = ("chief", "worker")
 
 
@@ -332,15 +334,7 @@ def broadcast_from_chief(strategy, variables):
             first = tf.equal(context.replica_id_in_sync_group, 0)
             values = [as_bits(h) for h in handles]
             sent = [tf.where(first, v, tf.zeros_like(v)) for v in values]
-            groups = {}
-            for index, value in enumerate(sent):
-                groups.setdefault(value.dtype, []).append(index)
-            summed = [None] * len(sent)
-            for indices in groups.values():  # one all-reduce per dtype
-                reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [sent[i] for i in indices])
-                for index, value in zip(indices, reduced):
-                    summed[index] = value
-            return summed
+            return all_reduce_by_dtype(context, sent)
 
         return strategy.run(replica_fn)
 
