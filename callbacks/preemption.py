@@ -14,6 +14,7 @@ the training loop itself; with Keras 3's ``fit`` and our per-worker weight files
 step-log route needs nothing more than the collective every step already makes.
 """
 
+import contextlib
 import signal
 import threading
 
@@ -46,16 +47,23 @@ class Preemption(keras.callbacks.Callback):
         self.received = None
         self.stopped_at = None
         self._epoch = 0
-        self._previous = {}
 
     def request(self, signum=signal.SIGTERM, frame=None):
         """Asks for a stop (the signal handler)."""
         del frame
         self.received = signum
 
+    @contextlib.contextmanager
     def installed(self):
         """A context manager: the signal handlers in place while it is open."""
-        return _Handlers(self)
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {signum: signal.signal(signum, self.request) for signum in self.signals}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -80,23 +88,6 @@ class Preemption(keras.callbacks.Callback):
                 f"stop requested ({who}): stopping after optimizer step {step} in epoch "
                 f"{self._epoch + 1}, with a backup at that step"
             )
-
-
-class _Handlers:
-    def __init__(self, callback):
-        self.callback = callback
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.callback.signals:
-                self.callback._previous[signum] = signal.signal(signum, self.callback.request)
-        return self.callback
-
-    def __exit__(self, *exc):
-        for signum, previous in self.callback._previous.items():
-            signal.signal(signum, previous)
-        self.callback._previous.clear()
-        return False
 
 
 def make_stop_flag():
