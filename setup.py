@@ -2,6 +2,8 @@
 
 from setuptools import find_packages, setup
 
+EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
+
 setup(
     name="keras-yolo3",
     version="0.1.0",
@@ -28,9 +30,13 @@ setup(
         "tensorboard>=2.21,<2.22",
     ],
     extras_require={
+        # tools/export.py: ONNX through tf2onnx, run by onnxruntime; TFLite files are written
+        # by TensorFlow's own converter and run by LiteRT (ai-edge-litert, which TensorFlow's
+        # deprecated tf.lite.Interpreter points to). Pinned to the versions tested together.
+        "export": EXPORT,
         # OpenCV reads videos in tools/detect.py and is the independent Darknet
         # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
         "video": ["opencv-python-headless>=4.10,<5"],
-        "test": ["pytest>=8", "opencv-python-headless>=4.10,<5", "ruff>=0.6"],
+        "test": ["pytest>=8", "opencv-python-headless>=4.10,<5", "ruff>=0.6", *EXPORT],
     },
 )

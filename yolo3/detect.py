@@ -223,37 +223,54 @@ class Detector:
             in that image's pixels, ``scores`` ``(k,)`` float32, ``classes`` ``(k,)`` int32
             and ``labels`` (k class names), highest score first.
         """
-        if isinstance(images, np.ndarray) and images.ndim == 4:
-            images = list(images)  # an (N, H, W, 3) stack of same-size images
-        elif isinstance(images, (Image.Image, np.ndarray)):
+        if isinstance(images, (Image.Image, np.ndarray)) and np.ndim(images) < 4:
             images = [images]
-        if not images:
+        if len(images) == 0:
             return []
-        batch, sizes = [], []
-        for image in images:
-            if isinstance(image, Image.Image):
-                image = to_rgb(image)
-                sizes.append((image.height, image.width))
-            else:
-                sizes.append(np.shape(image)[:2])
-            batch.append(self.letterbox(image))
-        inputs = np.stack(batch)
-        boxes, scores, classes, counts = self._predict(
-            tf.constant(inputs), tf.constant(sizes, dtype=tf.int32)
+        inputs, sizes = letterbox_batch(images, self.letterbox)
+        found = self._predict(tf.constant(inputs), tf.constant(sizes, dtype=tf.int32))
+        return split_detections(*(tensor.numpy() for tensor in found), self.class_names)
+
+
+def letterbox_batch(images, letterbox):
+    """Letterboxes images that may differ in size into one network input.
+
+    Args:
+        images: PIL images (any mode) or ``(H, W, 3)`` uint8 RGB arrays, or an
+            ``(N, H, W, 3)`` uint8 array.
+        letterbox: ``letterbox(image) -> (H_in, W_in, 3)`` array for one RGB image.
+
+    Returns:
+        The stacked inputs ``(N, H_in, W_in, 3)`` and each image's original ``(height,
+        width)``, ``(N, 2)`` int32.
+    """
+    batch, sizes = [], []
+    for image in images:
+        if isinstance(image, Image.Image):
+            image = to_rgb(image)
+            sizes.append((image.height, image.width))
+        else:
+            sizes.append(np.shape(image)[:2])
+        batch.append(letterbox(image))
+    return np.stack(batch), np.asarray(sizes, dtype=np.int32)
+
+
+def split_detections(boxes, scores, classes, counts, class_names):
+    """Padded batch results (see :func:`yolo3.postprocess.batched_nms`) -> one dict per
+    image with ``boxes`` ``(k, 4)``, ``scores`` ``(k,)``, ``classes`` ``(k,)`` int32 and
+    ``labels`` (k class names), highest score first."""
+    results = []
+    for index, count in enumerate(np.asarray(counts)):
+        image_classes = np.asarray(classes[index, :count], dtype=np.int32)
+        results.append(
+            {
+                "boxes": boxes[index, :count],
+                "scores": scores[index, :count],
+                "classes": image_classes,
+                "labels": [class_names[c] for c in image_classes],
+            }
         )
-        boxes, scores, classes = boxes.numpy(), scores.numpy(), classes.numpy()
-        results = []
-        for index, count in enumerate(counts.numpy()):
-            image_classes = classes[index, :count]
-            results.append(
-                {
-                    "boxes": boxes[index, :count],
-                    "scores": scores[index, :count],
-                    "classes": image_classes,
-                    "labels": [self.class_names[c] for c in image_classes],
-                }
-            )
-        return results
+    return results
 
 
 def _resolve_masks(anchors, anchor_masks, model_type):

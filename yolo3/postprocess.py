@@ -76,7 +76,7 @@ def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
 
         # cell[row, col] = (col, row), broadcast over the anchor axis.
         cols, rows = tf.meshgrid(tf.range(grid_w), tf.range(grid_h))
-        cell = tf.cast(tf.stack([cols, rows], axis=-1), tf.float32)[:, :, tf.newaxis, :]
+        cell = tf.expand_dims(tf.cast(tf.stack([cols, rows], axis=-1), tf.float32), 2)
         grid_wh = tf.cast(tf.stack([grid_w, grid_h]), tf.float32)
         level_anchors = tf.gather(anchors, list(mask))  # (num_level_anchors, 2)
 
@@ -100,18 +100,23 @@ def letterbox_geometry_tf(image_hw, input_hw):
         ``scale_yx`` ``(N, 2)`` float32 (``new_h / image_h``, ``new_w / image_w``) and
         ``offset_yx`` ``(N, 2)`` float32 (``offset_y``, ``offset_x``) in input pixels.
     """
-    # int64 keeps the products (up to input * image size) exact, matching the Python ints.
-    image_hw = tf.cast(image_hw, tf.int64)
+    # Integer arithmetic, as the Python twin. int32 holds the products (input size x image
+    # size) for images up to about 5 million pixels on a side at 416, and it is the integer
+    # width that every exporter (TFLite's builtin floor division included) supports.
+    image_hw = tf.cast(image_hw, tf.int32)
     image_h, image_w = image_hw[:, 0], image_hw[:, 1]
-    input_h = tf.cast(input_hw[0], tf.int64)
-    input_w = tf.cast(input_hw[1], tf.int64)
+    input_h = tf.cast(input_hw[0], tf.int32)
+    input_w = tf.cast(input_hw[1], tf.int32)
     width_limited = input_w * image_h <= input_h * image_w
     new_w = tf.where(width_limited, input_w, image_w * input_h // image_h)
     new_h = tf.where(width_limited, image_h * input_w // image_w, input_h)
     new_w, new_h = tf.maximum(new_w, 1), tf.maximum(new_h, 1)
     offset_yx = tf.stack([(input_h - new_h) // 2, (input_w - new_w) // 2], axis=-1)
-    scale_yx = tf.stack([new_h, new_w], axis=-1) / image_hw  # float64, exact ratio
-    return tf.cast(scale_yx, tf.float32), tf.cast(offset_yx, tf.float32)
+    # float32 division of exact integers is the correctly rounded ratio.
+    scale_yx = tf.cast(tf.stack([new_h, new_w], axis=-1), tf.float32) / tf.cast(
+        image_hw, tf.float32
+    )
+    return scale_yx, tf.cast(offset_yx, tf.float32)
 
 
 def undo_letterbox(boxes, image_hw, input_hw):
@@ -129,10 +134,10 @@ def undo_letterbox(boxes, image_hw, input_hw):
     boxes = tf.cast(boxes, tf.float32)
     scale_yx, offset_yx = letterbox_geometry_tf(image_hw, _as_hw(input_hw))
     # (N, 2) in y, x order -> (N, 1, 4) in x_min, y_min, x_max, y_max order.
-    scale = tf.tile(tf.reverse(scale_yx, axis=[-1]), [1, 2])[:, tf.newaxis, :]
-    offset = tf.tile(tf.reverse(offset_yx, axis=[-1]), [1, 2])[:, tf.newaxis, :]
+    scale = tf.expand_dims(tf.tile(tf.reverse(scale_yx, axis=[-1]), [1, 2]), 1)
+    offset = tf.expand_dims(tf.tile(tf.reverse(offset_yx, axis=[-1]), [1, 2]), 1)
     image_wh = tf.reverse(tf.cast(image_hw, tf.float32), axis=[-1])
-    upper = tf.tile(image_wh, [1, 2])[:, tf.newaxis, :]
+    upper = tf.expand_dims(tf.tile(image_wh, [1, 2]), 1)
     return tf.clip_by_value((boxes - offset) / scale, 0.0, upper)
 
 
@@ -156,7 +161,7 @@ def batched_nms(boxes, scores, *, score_threshold=0.3, iou_threshold=0.45, max_d
     # x-first boxes go in unchanged; clip_boxes=False because these are pixels, not [0, 1].
     nmsed_boxes, nmsed_scores, nmsed_classes, num_detections = (
         tf.image.combined_non_max_suppression(
-            tf.cast(boxes, tf.float32)[:, :, tf.newaxis, :],
+            tf.expand_dims(tf.cast(boxes, tf.float32), 2),
             tf.cast(scores, tf.float32),
             max_output_size_per_class=max_detections,
             max_total_size=max_detections,
@@ -203,14 +208,9 @@ def postprocess(
         ``(N, max_detections)`` int32 and ``num_detections`` ``(N,)`` int32; rows past
         ``num_detections[i]`` are zero padding.
     """
-    if anchor_masks is None:
-        anchor_masks = default_anchor_masks(int(tf.convert_to_tensor(anchors).shape[0]))
-    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw)
-    boxes = undo_letterbox(boxes, image_hw, input_hw)
-    # A box lying wholly in the letterbox padding clips to zero width or height; it covers
-    # no pixel of the image, so it must not survive as a detection.
-    has_area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
-    scores = scores * tf.cast(has_area, scores.dtype)[..., tf.newaxis]
+    boxes, scores = decode_to_image(
+        outputs, anchors, num_classes, image_hw, input_hw, anchor_masks=anchor_masks
+    )
     return batched_nms(
         boxes,
         scores,
@@ -218,3 +218,24 @@ def postprocess(
         iou_threshold=iou_threshold,
         max_detections=max_detections,
     )
+
+
+def decode_to_image(outputs, anchors, num_classes, image_hw, input_hw, *, anchor_masks=None):
+    """Raw heads of a letterboxed batch -> every candidate box in original pixels, before NMS.
+
+    The first half of :func:`postprocess` (whose arguments these are), for engines that run
+    the network and decoding but cannot hold class-wise NMS (TFLite's builtin operators).
+
+    Returns:
+        ``boxes`` ``(N, total_boxes, 4)`` float32 in original pixels, clipped to the image,
+        and ``scores`` ``(N, total_boxes, C)`` float32, zero for boxes with no area left
+        after clipping; :func:`batched_nms` on them gives :func:`postprocess`'s result.
+    """
+    if anchor_masks is None:
+        anchor_masks = default_anchor_masks(int(tf.convert_to_tensor(anchors).shape[0]))
+    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw)
+    boxes = undo_letterbox(boxes, image_hw, input_hw)
+    # A box lying wholly in the letterbox padding clips to zero width or height; it covers
+    # no pixel of the image, so it must not survive as a detection.
+    has_area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+    return boxes, scores * tf.expand_dims(tf.cast(has_area, scores.dtype), -1)

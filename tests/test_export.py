@@ -1,0 +1,229 @@
+"""Exported detectors (SavedModel, ONNX, TFLite) detect what the Keras model detects.
+
+One seeded tiny-YOLOv3 at 128 px, its heads biased so that a few dozen boxes per image pass
+the score threshold and NMS has overlaps to settle; images of several sizes, so that the
+letterbox inverse inside each artifact is exercised.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from yolo3 import weights as weights_io
+from yolo3.export import (
+    DetectorSpec,
+    export_detector,
+    read_artifact_metadata,
+    spec_for_weights,
+)
+from yolo3.model import build_model, head_layer_names
+from yolo3.runtime import ArtifactDetector, load_detector
+
+pytest.importorskip("onnxruntime")
+
+INPUT = 128
+CLASSES = ("cat", "dog", "bird")
+ANCHORS = ((10, 14), (23, 27), (37, 58), (81, 82), (135, 169), (344, 319))
+MASKS = ((3, 4, 5), (0, 1, 2))
+SIZES = ((128, 128), (96, 160), (150, 70), (64, 64))
+# Tolerances of the float32 artifacts against Keras (the issue's contract).
+BOX_TOL, SCORE_TOL = 1e-3, 1e-4
+
+
+def _model(seed=3):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = build_model("tiny", len(CLASSES), input_size=INPUT)
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if layer.name.startswith("bn_"):
+            gamma, beta, mean, variance = layer.get_weights()
+            layer.set_weights(
+                [gamma, beta, rng.normal(0, 0.1, mean.shape), rng.uniform(0.5, 1.5, mean.shape)]
+            )
+    for name in head_layer_names("tiny"):
+        layer = model.get_layer(name)
+        kernel, bias = layer.get_weights()
+        depth = 5 + len(CLASSES)
+        bias = bias.reshape(3, depth)
+        bias[:, 4] = -3.0  # objectness: a minority of cells pass 0.3
+        bias[:, 5:] = 0.5
+        # Logits spread over a few units, so that the scores depend on the image.
+        layer.set_weights([kernel * 12.5, bias.reshape(-1)])
+    return model
+
+
+def _images():
+    rng = np.random.default_rng(7)
+    images = []
+    for height, width in SIZES:
+        # Smooth blobs rather than noise: letterbox resampling of noise is all aliasing.
+        small = rng.integers(0, 256, (max(height // 16, 2), max(width // 16, 2), 3), np.uint8)
+        images.append(np.asarray(Image.fromarray(small).resize((width, height), Image.BILINEAR)))
+    return images
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    model = _model()
+    weights = root / "model.weights.h5"
+    weights_io.save_weights(
+        model,
+        str(weights),
+        metadata={
+            "model_type": "tiny",
+            "num_classes": len(CLASSES),
+            "classes": list(CLASSES),
+            "anchors": [list(a) for a in ANCHORS],
+            "anchor_masks": [list(m) for m in MASKS],
+            "input_size": [INPUT, INPUT],
+        },
+    )
+    spec = spec_for_weights(weights)
+    paths = {
+        "saved_model": root / "saved_model",
+        "onnx": root / "model.onnx",
+        "tflite": root / "model.tflite",
+    }
+    for engine, path in paths.items():
+        export_detector(model, spec, path, engine=engine)
+    return {"weights": weights, "spec": spec, "model": model, "root": root, **paths}
+
+
+@pytest.fixture(scope="module")
+def reference(exported):
+    detector = load_detector(exported["weights"])
+    results = detector.detect(_images())
+    assert sum(len(r["scores"]) for r in results) >= 20, "the test model detects too little"
+    assert all(len(r["scores"]) < exported["spec"].max_detections for r in results)
+    return results
+
+
+def _assert_same(found, expected, box_tol=BOX_TOL, score_tol=SCORE_TOL):
+    assert len(found) == len(expected)
+    for got, want in zip(found, expected, strict=True):
+        assert len(got["scores"]) == len(want["scores"])
+        np.testing.assert_array_equal(got["classes"], want["classes"])
+        np.testing.assert_allclose(got["boxes"], want["boxes"], atol=box_tol, rtol=0)
+        np.testing.assert_allclose(got["scores"], want["scores"], atol=score_tol, rtol=0)
+        assert got["labels"] == want["labels"]
+
+
+@pytest.mark.parametrize("engine", ["saved_model", "onnx", "tflite"])
+def test_float32_artifact_detects_what_keras_detects(exported, reference, engine):
+    detector = load_detector(exported[engine], num_threads=1)
+    assert isinstance(detector, ArtifactDetector) and detector.engine == engine
+    _assert_same(detector.detect(_images()), reference)
+
+
+@pytest.mark.parametrize("engine", ["saved_model", "onnx", "tflite"])
+def test_artifact_records_its_settings(exported, engine):
+    metadata = read_artifact_metadata(exported[engine])
+    assert metadata["engine"] == engine
+    assert metadata["outputs"] == ("candidates" if engine == "tflite" else "detections")
+    assert DetectorSpec.from_json(metadata) == exported["spec"]
+    assert metadata["classes"] == list(CLASSES) and metadata["score_threshold"] == 0.3
+
+
+def test_raw_heads_export_detects_the_same(exported, reference, tmp_path):
+    for engine, name in (("onnx", "raw.onnx"), ("tflite", "raw.tflite")):
+        path = tmp_path / name
+        export_detector(exported["model"], exported["spec"], path, engine=engine, raw=True)
+        assert read_artifact_metadata(path)["outputs"] == "heads"
+        _assert_same(load_detector(path).detect(_images()), reference)
+
+
+def test_saved_model_takes_encoded_images_of_any_size(exported, reference):
+    import io
+
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(exported["saved_model"]))
+    encoded = []
+    for image in _images():
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    found = loaded.signatures["detect_encoded"](encoded=tf.constant(encoded))
+    # TensorFlow's bicubic resize is not PIL's: the pixels differ by a few levels, so this
+    # path is held to the same boxes within a pixel, not to the uint8 path's tolerance.
+    for index, want in enumerate(reference):
+        count = int(found["num_detections"][index])
+        boxes = found["boxes"][index, :count].numpy()
+        scores = found["scores"][index, :count].numpy()
+        assert abs(count - len(want["scores"])) <= max(2, len(want["scores"]) // 5)
+        # Every confident reference box has a same-class box within 2 px among these.
+        classes = found["classes"][index, :count].numpy()
+        for box, score, label in zip(want["boxes"], want["scores"], want["classes"], strict=True):
+            if score < 0.4:
+                continue
+            close = np.abs(boxes - box).max(axis=1) < 2.0
+            assert np.any(close & (classes == label)), (index, box, score)
+        assert np.all(scores > 0.3)
+
+
+FRESH_PROCESS = """
+import sys
+sys.modules["yolo3"] = None  # no project code: any import of it fails
+import json, numpy as np
+data = np.load(sys.argv[2])
+feed = {"images": data["images"], "image_hw": data["image_hw"]}
+engine, path = sys.argv[1], sys.argv[3]
+if engine == "saved_model":
+    import tensorflow as tf
+    loaded = tf.saved_model.load(path)
+    meta = json.loads(loaded.metadata().numpy().decode())
+    out = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in feed.items()})
+    out = {k: v.numpy() for k, v in out.items()}
+elif engine == "onnx":
+    import onnxruntime
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["yolo3"])
+    names = [o.name for o in session.get_outputs()]
+    out = dict(zip(names, session.run(names, feed)))
+else:
+    from ai_edge_litert.interpreter import Interpreter
+    out = Interpreter(model_path=path).get_signature_runner()(**feed)
+    meta = None
+np.savez(sys.argv[4], **out)
+print(json.dumps(meta))
+"""
+
+
+@pytest.mark.parametrize("engine", ["saved_model", "onnx", "tflite"])
+def test_artifact_runs_in_a_fresh_process_without_project_code(exported, engine, tmp_path):
+    detector = ArtifactDetector(exported[engine])
+    inputs = np.stack([detector.letterbox(image) for image in _images()])
+    sizes = np.asarray([image.shape[:2] for image in _images()], np.int32)
+    np.savez(tmp_path / "feed.npz", images=inputs, image_hw=sizes)
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(FRESH_PROCESS))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            engine,
+            str(tmp_path / "feed.npz"),
+            str(exported[engine]),
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = np.load(tmp_path / "out.npz")
+    expected = detector._run({"images": inputs, "image_hw": sizes})
+    for name, value in expected.items():
+        np.testing.assert_array_equal(out[name], value)
+    meta = json.loads(result.stdout.strip().splitlines()[-1])
+    if engine != "tflite":
+        assert meta["classes"] == list(CLASSES)

@@ -1,0 +1,548 @@
+"""Exporting a trained detector as a SavedModel, an ONNX file or a TFLite file.
+
+An exported artifact is a whole detector: it takes a batch of letterboxed uint8 images at the
+model's input size and each image's original ``(height, width)``, and returns boxes in the
+original pixels. What it returns depends on what the format can hold (``outputs`` in its
+metadata):
+
+- ``detections`` (SavedModel, ONNX): decode, letterbox inverse and class-wise NMS inside;
+  ``boxes (N, max_detections, 4)``, ``scores (N, max_detections)``, ``classes (N,
+  max_detections) int32`` and ``num_detections (N,) int32``, as
+  :func:`yolo3.postprocess.postprocess`. SavedModels also have a ``detect_encoded``
+  signature that takes encoded JPEG or PNG files of any size and letterboxes them inside.
+- ``candidates`` (TFLite): TFLite's builtin operators have non-maximum suppression for one
+  class of one image only, so the file ends before NMS with every candidate box in original
+  pixels, ``boxes (N, B, 4)`` and per-class ``scores (N, B, C)``
+  (:func:`yolo3.postprocess.decode_to_image`); the runner applies the NMS.
+- ``heads`` (``raw=True``, any format): the bare network, ``head_0 ... head_k`` of shape
+  ``(N, H_l, W_l, anchors * (5 + C))`` float32, for users with their own post-processing;
+  its only input is ``images``.
+
+Every artifact records the :class:`DetectorSpec` it was exported with (classes, anchors,
+masks, input size, resampling, thresholds, outputs, quantisation) as JSON: a SavedModel's
+``metadata()`` function, an ONNX file's ``yolo3`` metadata property, a TFLite file's
+``yolo3`` metadata buffer. :func:`read_artifact_metadata` reads any of them.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+import tensorflow as tf
+
+from yolo3 import fileio
+from yolo3.image import PAD_VALUE, RESAMPLING
+from yolo3.postprocess import decode_to_image, letterbox_geometry_tf, postprocess
+
+FORMATS = ("saved_model", "onnx", "tflite")
+QUANTIZATIONS = ("float16", "int8")
+OUTPUTS = ("detections", "candidates", "heads")
+METADATA_KEY = "yolo3"
+METADATA_VERSION = 1
+ONNX_OPSET = 17
+# The TFLite operators that decode boxes and map them back to the image: kept in float32 in
+# an int8 file, because box corners in pixels and exp() of a size offset do not survive 8
+# bits (a 416-pixel range in 256 steps). The convolutions, which hold the time, are int8.
+FLOAT_DECODE_OPS = (
+    "LOGISTIC",
+    "EXP",
+    "MUL",
+    "ADD",
+    "SUB",
+    "DIV",
+    "CONCATENATION",
+    "RESHAPE",
+    "MINIMUM",
+    "MAXIMUM",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectorSpec:
+    """Everything besides the weights that turns a network's heads into detections.
+
+    ``anchors`` is ``(num_anchors, 2)`` in input pixels, ``anchor_masks`` the anchors of each
+    head (largest stride first), ``input_hw`` the network input ``(height, width)``.
+    """
+
+    model_type: str
+    class_names: tuple
+    anchors: tuple
+    anchor_masks: tuple
+    input_hw: tuple
+    resampling: str = "bicubic"
+    score_threshold: float = 0.3
+    iou_threshold: float = 0.45
+    max_detections: int = 100
+
+    def __post_init__(self):
+        if self.resampling not in RESAMPLING:
+            raise ValueError(f"resampling {self.resampling!r}: use one of {RESAMPLING}")
+        if any(int(v) % 32 or int(v) < 32 for v in self.input_hw):
+            raise ValueError(f"input size {self.input_hw} is not a positive multiple of 32")
+        if not 0.0 <= self.score_threshold <= 1.0 or not 0.0 <= self.iou_threshold <= 1.0:
+            raise ValueError("score and IoU thresholds must lie in [0, 1]")
+        if self.max_detections < 1:
+            raise ValueError(f"max detections {self.max_detections} must be at least 1")
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    @property
+    def anchor_array(self):
+        return np.asarray(self.anchors, dtype=np.float32)
+
+    def to_json(self):
+        return {
+            "model_type": self.model_type,
+            "classes": list(self.class_names),
+            "anchors": [list(pair) for pair in self.anchors],
+            "anchor_masks": [list(mask) for mask in self.anchor_masks],
+            "input_size": list(self.input_hw),
+            "resampling": self.resampling,
+            "score_threshold": self.score_threshold,
+            "iou_threshold": self.iou_threshold,
+            "max_detections": self.max_detections,
+        }
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(
+            model_type=data["model_type"],
+            class_names=tuple(data["classes"]),
+            anchors=tuple(tuple(float(v) for v in pair) for pair in data["anchors"]),
+            anchor_masks=tuple(tuple(int(i) for i in mask) for mask in data["anchor_masks"]),
+            input_hw=tuple(int(v) for v in data["input_size"]),
+            resampling=data.get("resampling", "bicubic"),
+            score_threshold=float(data["score_threshold"]),
+            iou_threshold=float(data["iou_threshold"]),
+            max_detections=int(data["max_detections"]),
+        )
+
+
+def serving_function(model, spec, outputs):
+    """The exported computation as a ``tf.function`` with a fixed signature.
+
+    Args:
+        model: the Keras ``yolo_body`` / ``tiny_yolo_body`` with its weights.
+        spec: a :class:`DetectorSpec`.
+        outputs: one of :data:`OUTPUTS` (see the module docstring).
+
+    Returns:
+        A ``tf.function`` taking ``images`` ``(N, H, W, 3) uint8`` (and, unless ``outputs``
+        is ``"heads"``, ``image_hw`` ``(N, 2) int32``, each image's original size; the input
+        size for images that were not letterboxed) and returning a dict of tensors.
+    """
+    if outputs not in OUTPUTS:
+        raise ValueError(f"outputs {outputs!r}: use one of {OUTPUTS}")
+    images_spec = tf.TensorSpec((None, *spec.input_hw, 3), tf.uint8, name="images")
+    hw_spec = tf.TensorSpec((None, 2), tf.int32, name="image_hw")
+    anchors = spec.anchor_array
+
+    def heads(images):
+        inputs = tf.cast(images, tf.float32) / 255.0
+        return [tf.cast(head, tf.float32) for head in model(inputs, training=False)]
+
+    if outputs == "heads":
+
+        @tf.function(input_signature=[images_spec])
+        def run_heads(images):
+            return {f"head_{level}": head for level, head in enumerate(heads(images))}
+
+        return run_heads
+
+    if outputs == "candidates":
+
+        @tf.function(input_signature=[images_spec, hw_spec])
+        def run_candidates(images, image_hw):
+            boxes, scores = decode_to_image(
+                heads(images),
+                anchors,
+                spec.num_classes,
+                image_hw,
+                spec.input_hw,
+                anchor_masks=spec.anchor_masks,
+            )
+            return {"boxes": boxes, "scores": scores}
+
+        return run_candidates
+
+    @tf.function(input_signature=[images_spec, hw_spec])
+    def run_detections(images, image_hw):
+        boxes, scores, classes, counts = postprocess(
+            heads(images),
+            anchors,
+            spec.num_classes,
+            image_hw,
+            spec.input_hw,
+            anchor_masks=spec.anchor_masks,
+            score_threshold=spec.score_threshold,
+            iou_threshold=spec.iou_threshold,
+            max_detections=spec.max_detections,
+        )
+        return {"boxes": boxes, "scores": scores, "classes": classes, "num_detections": counts}
+
+    return run_detections
+
+
+def letterbox_encoded(encoded, input_hw):
+    """Decodes one JPEG/PNG file and letterboxes it in TensorFlow ops.
+
+    Args:
+        encoded: scalar ``tf.string``, the file's bytes.
+        input_hw: ``(height, width)`` of the network input.
+
+    Returns:
+        ``(image, image_hw)``: ``(H, W, 3) uint8`` letterboxed on the grey canvas, the same
+        geometry as :func:`yolo3.image.letterbox_image`, and the original ``(2,) int32`` size.
+        The resize is TensorFlow's antialiased bicubic, close to PIL's but not equal to it.
+    """
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    image_hw = tf.shape(image)[:2]
+    scale_yx, offset_yx = letterbox_geometry_tf(image_hw[tf.newaxis], input_hw)
+    new_hw = tf.cast(tf.round(tf.cast(image_hw, tf.float32) * scale_yx[0]), tf.int32)
+    resized = tf.image.resize(image, new_hw, method="bicubic", antialias=True)
+    resized = tf.cast(tf.clip_by_value(tf.round(resized), 0.0, 255.0), tf.uint8)
+    offset = tf.cast(offset_yx[0], tf.int32)
+    padding = [
+        [offset[0], input_hw[0] - new_hw[0] - offset[0]],
+        [offset[1], input_hw[1] - new_hw[1] - offset[1]],
+        [0, 0],
+    ]
+    canvas = tf.pad(resized, padding, constant_values=PAD_VALUE)
+    return tf.ensure_shape(canvas, (*input_hw, 3)), image_hw
+
+
+def _metadata(spec, engine, outputs, quantize):
+    return {
+        "format": "yolo3-detector",
+        "version": METADATA_VERSION,
+        "engine": engine,
+        "outputs": outputs,
+        "quantize": quantize,
+        **spec.to_json(),
+    }
+
+
+def export_detector(
+    model, spec, output, *, engine, raw=False, quantize=None, calibration_images=None
+):
+    """Writes ``model`` as a whole-detector artifact and returns its metadata.
+
+    Args:
+        model: the Keras model, weights loaded.
+        spec: a :class:`DetectorSpec`.
+        output: a folder for ``saved_model``, a ``.onnx`` or ``.tflite`` file otherwise.
+            Written atomically: a failed export leaves no half artifact.
+        engine: one of :data:`FORMATS`.
+        raw: export the bare heads (``outputs = "heads"``).
+        quantize: TFLite only: ``"float16"`` weights, or ``"int8"`` (full-integer
+            convolutions calibrated on ``calibration_images``, float input and output).
+        calibration_images: for int8, an iterable of ``(H, W, 3) uint8`` images already
+            letterboxed to the input size.
+    """
+    if engine not in FORMATS:
+        raise ValueError(f"format {engine!r}: use one of {FORMATS}")
+    if quantize is not None and engine != "tflite":
+        raise ValueError(f"quantisation ({quantize}) is for the tflite format, not {engine}")
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantize {quantize!r}: use one of {QUANTIZATIONS}")
+    if quantize == "int8" and calibration_images is None:
+        raise ValueError("int8 quantisation needs calibration images (--calibration RECORDS)")
+    if raw:
+        outputs = "heads"
+    else:
+        outputs = "candidates" if engine == "tflite" else "detections"
+    metadata = _metadata(spec, engine, outputs, quantize)
+    function = serving_function(model, spec, outputs)
+    if engine == "saved_model":
+        _write_saved_model(model, spec, function, metadata, output)
+    elif engine == "onnx":
+        _write_onnx(function, metadata, output)
+    else:
+        _write_tflite(function, metadata, output, quantize, calibration_images, outputs)
+    return metadata
+
+
+def _write_saved_model(model, spec, function, metadata, output):
+    module = tf.Module()
+    module.model = model
+    module.serve = function
+    text = json.dumps(metadata, sort_keys=True)
+    module.metadata = tf.function(lambda: tf.constant(text), input_signature=[])
+    signatures = {"serving_default": function.get_concrete_function()}
+    if metadata["outputs"] == "detections":
+
+        @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="encoded")])
+        def detect_encoded(encoded):
+            images, image_hw = tf.map_fn(
+                lambda data: letterbox_encoded(data, spec.input_hw),
+                encoded,
+                fn_output_signature=(
+                    tf.TensorSpec((*spec.input_hw, 3), tf.uint8),
+                    tf.TensorSpec((2,), tf.int32),
+                ),
+            )
+            return function(images, image_hw)
+
+        module.detect_encoded = detect_encoded
+        signatures["detect_encoded"] = detect_encoded.get_concrete_function()
+    output = os.fspath(output)
+    temp = fileio.atomic_path(output.rstrip("/"))
+    try:
+        tf.saved_model.save(module, temp, signatures=signatures)
+        if os.path.isdir(output):
+            shutil.rmtree(output)
+        os.replace(temp, output)
+    finally:
+        if os.path.exists(temp):
+            shutil.rmtree(temp)
+
+
+def _require(module, purpose):
+    try:
+        return __import__(module)
+    except ImportError as err:
+        raise ValueError(
+            f"{purpose} needs the {module} package: pip install 'keras-yolo3[export]'"
+        ) from err
+
+
+def _write_onnx(function, metadata, output):
+    _require("tf2onnx", "ONNX export")
+    onnx = _require("onnx", "ONNX export")
+    import tf2onnx  # noqa: PLC0415 - an optional dependency, checked above
+
+    proto, _ = tf2onnx.convert.from_function(
+        function, input_signature=function.input_signature, opset=ONNX_OPSET
+    )
+    onnx.helper.set_model_props(proto, {METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+    with fileio.atomic_write(output) as temp:
+        onnx.save(proto, temp)
+
+
+def _frozen(function):
+    """``function`` with its variables folded in as constants, keeping its output names.
+
+    TFLite converts resource variables into variable operators that its interpreter reads
+    uninitialised from a concrete function; constants also let it fold batch norm.
+    """
+    from tensorflow.python.framework.convert_to_constants import (  # noqa: PLC0415
+        convert_variables_to_constants_v2,
+    )
+
+    concrete = function.get_concrete_function()
+    frozen = convert_variables_to_constants_v2(concrete)
+
+    @tf.function(input_signature=function.input_signature)
+    def run(*args):
+        names = [spec.name for spec in function.input_signature]
+        flat = frozen(**dict(zip(names, args, strict=True)))
+        return tf.nest.pack_sequence_as(concrete.structured_outputs, tf.nest.flatten(flat))
+
+    holder = tf.Module()
+    holder.run = run
+    return run.get_concrete_function(), holder
+
+
+def _write_tflite(function, metadata, output, quantize, calibration_images, outputs):
+    concrete, holder = _frozen(function)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
+    if quantize == "float16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+        content = converter.convert()
+    elif quantize == "int8":
+        samples = list(calibration_images)
+        if not samples:
+            raise ValueError("int8 quantisation: the calibration set has no images")
+        input_hw = tuple(metadata["input_size"])
+
+        def representative():
+            for image in samples:
+                feed = {"images": np.asarray(image, np.uint8)[np.newaxis]}
+                if outputs != "heads":
+                    feed["image_hw"] = np.asarray([input_hw], np.int32)
+                yield feed
+
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = representative
+        if outputs == "heads":
+            content = converter.convert()
+        else:
+            # The quantisation debugger is TFLite's way to keep chosen operators in float.
+            debugger = tf.lite.experimental.QuantizationDebugger(
+                converter=converter,
+                debug_dataset=lambda: iter(()),
+                debug_options=tf.lite.experimental.QuantizationDebugOptions(
+                    denylisted_ops=list(FLOAT_DECODE_OPS)
+                ),
+            )
+            content = debugger.get_nondebug_quantized_model()
+    else:
+        content = converter.convert()
+    content = _with_tflite_metadata(content, metadata)
+    with fileio.atomic_write(output) as temp, open(temp, "wb") as f:
+        f.write(content)
+
+
+def _with_tflite_metadata(content, metadata):
+    from tensorflow.lite.python import schema_py_generated as schema  # noqa: PLC0415
+    from tensorflow.lite.tools import flatbuffer_utils  # noqa: PLC0415
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(content))
+    buffer = schema.BufferT()
+    buffer.data = np.frombuffer(json.dumps(metadata, sort_keys=True).encode(), np.uint8)
+    model.buffers.append(buffer)
+    entry = schema.MetadataT()
+    entry.name = METADATA_KEY
+    entry.buffer = len(model.buffers) - 1
+    model.metadata = [*(model.metadata or []), entry]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def artifact_engine(path):
+    """The format of the artifact at ``path``, from what is there; ValueError otherwise."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "saved_model.pb")):
+            return "saved_model"
+        raise ValueError(f"{path} is a folder without saved_model.pb, not a SavedModel")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[4:8] == b"TFL3":
+        return "tflite"
+    if path.endswith(".onnx"):
+        return "onnx"
+    if head.startswith(b"\x89HDF"):
+        return "keras"
+    raise ValueError(
+        f"{path} is not a detector this library reads: give a .weights.h5 file, a "
+        f"SavedModel folder, an .onnx file or a .tflite file"
+    )
+
+
+def read_artifact_metadata(path, engine=None, *, loaded=None):
+    """The metadata dict an exported artifact carries; ValueError if it carries none."""
+    path = os.fspath(path)
+    engine = engine or artifact_engine(path)
+    text = None
+    if engine == "saved_model":
+        loaded = loaded if loaded is not None else tf.saved_model.load(path)
+        if hasattr(loaded, "metadata"):
+            text = loaded.metadata().numpy().decode()
+    elif engine == "onnx":
+        onnx = _require("onnx", "Reading ONNX files")
+        model = onnx.load(path, load_external_data=False)
+        text = {prop.key: prop.value for prop in model.metadata_props}.get(METADATA_KEY)
+    elif engine == "tflite":
+        text = _tflite_metadata(path)
+    if text is None:
+        raise ValueError(
+            f"{path} has no {METADATA_KEY} metadata: it was not written by tools/export.py"
+        )
+    return json.loads(text)
+
+
+def _tflite_metadata(path):
+    from tensorflow.lite.python import schema_py_generated as schema  # noqa: PLC0415
+
+    with open(path, "rb") as f:
+        content = f.read()
+    model = schema.Model.GetRootAs(content, 0)
+    for index in range(model.MetadataLength()):
+        entry = model.Metadata(index)
+        if entry.Name().decode() == METADATA_KEY:
+            return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode()
+    return None
+
+
+def spec_for_weights(
+    weights_path,
+    *,
+    classes_path=None,
+    anchors_path=None,
+    model_type=None,
+    input_size=None,
+    anchor_masks=None,
+    resampling=None,
+    score_threshold=0.3,
+    iou_threshold=0.45,
+    max_detections=100,
+):
+    """The :class:`DetectorSpec` of a ``.weights.h5`` file: each value from its argument
+    when given, else from the file's metadata; ValueError naming the flag when neither has it.
+
+    ``input_size`` is an int or ``(height, width)``; the paths are the classes and anchors
+    files (``--classes``, ``--anchors``).
+    """
+    from yolo3 import weights as weights_io  # noqa: PLC0415 - h5py only where weights are read
+    from yolo3.resources import (  # noqa: PLC0415
+        default_anchor_masks,
+        model_type_for_anchors,
+        read_anchors,
+        read_classes,
+    )
+
+    weights_path = os.fspath(weights_path)
+    if not os.path.exists(weights_path):
+        raise FileNotFoundError(f"weights file {weights_path} does not exist")
+    metadata = weights_io.read_metadata(weights_path) or {}
+
+    def missing(what, flag):
+        return ValueError(f"weights {weights_path} do not record {what}; give {flag}")
+
+    if classes_path is not None:
+        class_names = read_classes(classes_path)
+        weights_io.check_num_classes(weights_path, len(class_names), classes_path)
+    elif metadata.get("classes"):
+        class_names = list(metadata["classes"])
+    else:
+        raise missing("class names", "--classes FILE")
+    if anchors_path is not None:
+        anchors = read_anchors(anchors_path)
+    elif metadata.get("anchors"):
+        anchors = np.asarray(metadata["anchors"], np.float32)
+    else:
+        raise missing("anchors", "--anchors FILE")
+    model_type = model_type or metadata.get("model_type") or model_type_for_anchors(len(anchors))
+    if anchor_masks is None:
+        anchor_masks = weights_io.stored_anchor_masks(weights_path, model_type)
+    anchor_masks = anchor_masks or default_anchor_masks(len(anchors))
+    if input_size is None:
+        input_size = metadata.get("input_size")
+        if not input_size:
+            raise missing("the input size", "--input-size")
+    if isinstance(input_size, int):
+        input_size = (input_size, input_size)
+    return DetectorSpec(
+        model_type=model_type,
+        class_names=tuple(class_names),
+        anchors=tuple(tuple(float(v) for v in pair) for pair in np.asarray(anchors)),
+        anchor_masks=tuple(tuple(int(i) for i in mask) for mask in anchor_masks),
+        input_hw=tuple(int(v) for v in input_size),
+        resampling=resampling or weights_io.stored_resampling(weights_path),
+        score_threshold=score_threshold,
+        iou_threshold=iou_threshold,
+        max_detections=max_detections,
+    )
+
+
+def load_keras_model(weights_path, spec):
+    """The Keras model of ``spec`` with the weights of ``weights_path`` loaded."""
+    from yolo3 import weights as weights_io  # noqa: PLC0415
+    from yolo3.model import build_model  # noqa: PLC0415
+
+    model = build_model(
+        spec.model_type,
+        spec.num_classes,
+        num_anchors=len(spec.anchor_masks[0]),
+        input_size=spec.input_hw,
+    )
+    weights_io.load_weights(model, os.fspath(weights_path))
+    return model
