@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import load_tool
 from PIL import Image
 
 from yolo3 import weights as weights_io
@@ -227,3 +228,128 @@ def test_artifact_runs_in_a_fresh_process_without_project_code(exported, engine,
     meta = json.loads(result.stdout.strip().splitlines()[-1])
     if engine != "tflite":
         assert meta["classes"] == list(CLASSES)
+
+
+def _quantized_agreement(found, expected):
+    """Fraction of reference detections matched by a same-class detection with IoU >= 0.5."""
+    from yolo3.evaluate import box_iou  # noqa: PLC0415
+
+    matched = total = 0
+    for got, want in zip(found, expected, strict=True):
+        total += len(want["scores"])
+        if len(got["scores"]) and len(want["scores"]):
+            iou = box_iou(want["boxes"], got["boxes"])
+            same = want["classes"][:, None] == got["classes"][None, :]
+            matched += int(np.sum(np.max(np.where(same, iou, 0.0), axis=1) >= 0.5))
+    return matched / total
+
+
+@pytest.fixture(scope="module")
+def calibration_records(tmp_path_factory):
+    from record_sets import write_record_set
+
+    images = _images() * 3
+    examples = [
+        (
+            np.asarray(Image.fromarray(image).resize((INPUT, INPUT))),
+            np.zeros((0, 4), np.float32),
+            np.zeros((0,), np.int64),
+        )
+        for image in images
+    ]
+    return write_record_set(
+        tmp_path_factory.mktemp("calibration"),
+        {"train": examples[:2], "val": examples},
+        classes=CLASSES,
+    )
+
+
+# Documented tolerances of the quantised files (README, "Export and deploy"): float16 keeps
+# boxes within 0.5 px and scores within 2e-3 of float32; int8 keeps at least 80% of the
+# detections (same class, IoU >= 0.5) on this untrained, deliberately sensitive model.
+FLOAT16_BOX_TOL, FLOAT16_SCORE_TOL, INT8_AGREEMENT = 0.5, 2e-3, 0.8
+
+
+def test_cli_quantized_tflite_float16_and_int8(exported, reference, calibration_records, tmp_path):
+    export_tool = load_tool("export")
+    common = ["--weights", str(exported["weights"]), "--format", "tflite"]
+    half = tmp_path / "half.tflite"
+    assert export_tool.main([*common, "--output", str(half), "--quantize", "float16"]) == 0
+    found = load_detector(half).detect(_images())
+    # A score that moves across the threshold changes the count: compare the confident ones.
+    for got, want in zip(found, reference, strict=True):
+        keep = want["scores"] > 0.3 + FLOAT16_SCORE_TOL
+        assert _quantized_agreement([got], [want]) >= 0.95
+        assert np.sum(got["scores"] > 0.3 + FLOAT16_SCORE_TOL) >= np.sum(keep) - 2
+    small = tmp_path / "int8.tflite"
+    args = [*common, "--output", str(small), "--quantize", "int8"]
+    assert export_tool.main([*args, "--calibration", str(calibration_records)]) == 0
+    assert read_artifact_metadata(small)["quantize"] == "int8"
+    assert small.stat().st_size < 0.35 * (exported["tflite"]).stat().st_size
+    assert _quantized_agreement(load_detector(small).detect(_images()), reference) >= INT8_AGREEMENT
+
+
+def test_cli_onnx_then_detect_tool_runs_it(exported, reference, tmp_path):
+    path = tmp_path / "cli.onnx"
+    code = load_tool("export").main(
+        ["--weights", str(exported["weights"]), "--format", "onnx", "--output", str(path)]
+    )
+    assert code == 0
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for index, image in enumerate(_images()):
+        Image.fromarray(image).save(folder / f"{index}.png")
+    out = tmp_path / "out"
+    assert load_tool("detect").main([str(folder), "--model", str(path), "--output", str(out)]) == 0
+    records = json.loads((out / "detections.json").read_text())["images"]
+    assert [len(r["scores"]) for r in records] == [len(r["scores"]) for r in reference]
+    # An artifact's thresholds are part of it.
+    code = load_tool("detect").main(
+        [str(folder), "--model", str(path), "--output", str(out), "--score", "0.5"]
+    )
+    assert code == 2
+
+
+def test_cli_errors_name_the_problem(exported, tmp_path, capsys):
+    export_tool = load_tool("export")
+    bare = tmp_path / "bare.weights.h5"
+    weights_io.save_weights(exported["model"], str(bare))
+    out = str(tmp_path / "x.onnx")
+    assert export_tool.main(["--weights", str(bare), "--format", "onnx", "--output", out]) == 2
+    assert "--classes" in capsys.readouterr().err
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(CLASSES))
+    args = ["--weights", str(bare), "--format", "onnx", "--output", out, "--classes", str(classes)]
+    assert export_tool.main(args) == 2
+    assert "--anchors" in capsys.readouterr().err
+    missing = str(tmp_path / "missing.weights.h5")
+    assert export_tool.main(["--weights", missing, "--format", "onnx", "--output", out]) == 2
+    assert "missing.weights.h5" in capsys.readouterr().err
+    weights = str(exported["weights"])
+    for extra, needle in (
+        (["--format", "onnx", "--output", out, "--quantize", "int8"], "--quantize"),
+        (
+            ["--format", "tflite", "--output", str(tmp_path / "q.tflite"), "--quantize", "int8"],
+            "--calibration",
+        ),
+        (["--format", "onnx", "--output", str(tmp_path / "x.tflite")], ".onnx"),
+    ):
+        assert export_tool.main(["--weights", weights, *extra]) == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_loading_something_that_is_not_a_detector_says_so(exported, tmp_path):
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="notes.onnx"):
+        load_detector(text)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_detector(tmp_path / "nowhere.tflite")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="not a SavedModel"):
+        load_detector(folder)
+    jpeg = tmp_path / "photo.tflite"
+    Image.fromarray(_images()[0]).save(jpeg, format="JPEG")
+    with pytest.raises(ValueError, match="photo.tflite"):
+        load_detector(jpeg)

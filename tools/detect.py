@@ -1,6 +1,10 @@
 """Detect objects in images, folders of images and videos; write annotated copies and JSON.
 
     python tools/detect.py photos/ clip.mp4 --weights model_data/yolo.weights.h5 --output out
+    python tools/detect.py photos/ --model model.onnx --output out
+
+``--model`` takes any detector: weights, or a SavedModel, ONNX or TFLite file written by
+``tools/export.py``, whose classes, anchors and thresholds are part of it.
 
 Writes ``out/<name>`` for each image (boxes drawn), ``out/<video stem>.detections.mp4`` for
 each video (every ``--video-stride``-th frame, annotated) and ``out/detections.json``:
@@ -23,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo3 import fileio  # noqa: E402
 from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
 from yolo3.detect import Detector, draw_detections  # noqa: E402
+from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
+from yolo3.runtime import load_detector  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
@@ -35,7 +41,13 @@ def build_parser():
         description="Run YOLOv3 on images, folders (searched recursively) and videos."
     )
     parser.add_argument("inputs", nargs="+", help="image files, folders or video files")
-    parser.add_argument("--weights", required=True, help="weights file (.weights.h5)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", help="weights file (.weights.h5)")
+    source.add_argument(
+        "--model",
+        help="any detector: a .weights.h5 file, or a SavedModel folder, .onnx or .tflite "
+        "file written by tools/export.py (which fixes its thresholds)",
+    )
     parser.add_argument("--anchors", default=str(REPO_ROOT / "model_data" / "yolo_anchors.txt"))
     parser.add_argument("--classes", default=str(REPO_ROOT / "model_data" / "coco_classes.txt"))
     parser.add_argument(
@@ -43,9 +55,9 @@ def build_parser():
     )
     parser.add_argument("--input-size", type=int, default=416, help="a multiple of 32")
     add_detector_arguments(parser)
-    parser.add_argument("--score", type=float, default=0.3, help="score threshold")
-    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    parser.add_argument("--max-detections", type=int, default=100, help="per image")
+    parser.add_argument("--score", type=float, help="score threshold (default 0.3)")
+    parser.add_argument("--iou", type=float, help="NMS IoU threshold (default 0.45)")
+    parser.add_argument("--max-detections", type=int, help="per image (default 100)")
     parser.add_argument("--output", required=True, help="folder for annotated files and JSON")
     parser.add_argument("--video-stride", type=int, default=1, help="use every Nth frame")
     parser.add_argument("--batch-size", type=int, default=8, help="images per model call")
@@ -55,10 +67,10 @@ def build_parser():
 def _check_args(parser, args):
     if args.input_size < 32 or args.input_size % 32:
         parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
-    if not 0.0 <= args.score <= 1.0 or not 0.0 <= args.iou <= 1.0:
+    if any(v is not None and not 0.0 <= v <= 1.0 for v in (args.score, args.iou)):
         parser.error("--score and --iou must lie in [0, 1]")
     for flag in ("max_detections", "video_stride", "batch_size"):
-        if getattr(args, flag) < 1:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
 
 
@@ -209,18 +221,27 @@ def expand_inputs(inputs, report, output_dir):
 
 def detect(args):
     """Runs the detector over the inputs; status 1 when no image or frame could be processed."""
-    detector = Detector(
-        args.weights,
-        args.anchors,
-        args.classes,
-        model_type=args.model_type,
-        input_size=args.input_size,
-        score_threshold=args.score,
-        iou_threshold=args.iou,
-        max_detections=args.max_detections,
-        anchor_masks=args.anchor_masks,
-        resampling=args.resampling,
-    )
+    source = args.weights or args.model
+    if artifact_engine(source) != "keras":
+        detector = load_detector(
+            source,
+            score_threshold=args.score,
+            iou_threshold=args.iou,
+            max_detections=args.max_detections,
+        )
+    else:
+        detector = Detector(
+            source,
+            args.anchors,
+            args.classes,
+            model_type=args.model_type,
+            input_size=args.input_size,
+            score_threshold=0.3 if args.score is None else args.score,
+            iou_threshold=0.45 if args.iou is None else args.iou,
+            max_detections=args.max_detections or 100,
+            anchor_masks=args.anchor_masks,
+            resampling=args.resampling,
+        )
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)
     run = Run(detector, output_dir, args.batch_size)
@@ -234,7 +255,7 @@ def detect(args):
     fileio.write_json(
         output_dir / "detections.json",
         {
-            "weights": str(args.weights),
+            "weights": str(source),
             "classes": detector.class_names,
             "input_size": list(detector.input_hw),
             "images": run.records,

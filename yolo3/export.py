@@ -56,6 +56,15 @@ FLOAT_DECODE_OPS = (
     "RESHAPE",
     "MINIMUM",
     "MAXIMUM",
+    "STRIDED_SLICE",
+    "PACK",
+    "TILE",
+    "REVERSE_V2",
+    "EXPAND_DIMS",
+    "SELECT_V2",
+    "GATHER",
+    "RELU",
+    "GREATER",
 )
 
 
@@ -438,7 +447,10 @@ def read_artifact_metadata(path, engine=None, *, loaded=None):
             text = loaded.metadata().numpy().decode()
     elif engine == "onnx":
         onnx = _require("onnx", "Reading ONNX files")
-        model = onnx.load(path, load_external_data=False)
+        try:
+            model = onnx.load(path, load_external_data=False)
+        except Exception as err:  # protobuf's DecodeError and kin: not an ONNX file
+            raise ValueError(f"{path} is not an ONNX model: {err}") from None
         text = {prop.key: prop.value for prop in model.metadata_props}.get(METADATA_KEY)
     elif engine == "tflite":
         text = _tflite_metadata(path)
