@@ -5,6 +5,7 @@
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
         [--link 100mbit] [--settings 1:float32 8:bfloat16]
+    python tools/benchmark.py detect [--models tiny yolov3] [--weights W --records R]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -26,6 +27,12 @@ private network namespace whose loopback is rate-limited with tc (root and iprou
 exit status 2 without them); ``--settings K:DTYPE ...`` compares micro-batches per step
 and all-reduce dtypes side by side, with the bytes sent per step and the step time a
 compute + bytes / rate model predicts. About 3 minutes on 2 cores at 128 px.
+
+``detect`` (:mod:`benchmarks.detect`): ``detect(images)`` end to end on the Keras model, each
+exported artifact (SavedModel, ONNX, TFLite float32 / float16 / int8) and OpenCV dnn on the
+same weights written in Darknet format, for tiny and YOLOv3, batch 1 and 8, one core and all
+cores: median and p90 latency, images/s, ratios against OpenCV, and with ``--records`` each
+engine's mAP@0.5.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -330,12 +337,66 @@ def _setting(text):
     return int(accumulate), check_allreduce_dtype(dtype or "float32")
 
 
+def _run_detect(args):
+    from benchmarks.detect import DetectConfig, format_detect, run_detect  # noqa: PLC0415
+
+    config = DetectConfig(
+        models=tuple(args.models),
+        input_size=args.input_size,
+        batch_sizes=tuple(args.batch_sizes),
+        threads=tuple(args.threads),
+        engines=tuple(args.engines),
+        calls=args.calls,
+        large_calls=args.large_calls,
+        weights=args.weights,
+        records=args.records,
+        seed=args.seed,
+        work_dir=args.work_dir,
+    )
+    result = run_detect(config, command=args.command, log=_log)
+    return _report(result, format_detect(result), args.json)
+
+
+def _add_detect(subparsers):
+    from benchmarks.detect import ENGINES  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        "detect",
+        help="inference end to end on every engine against OpenCV dnn",
+        description="detect() end to end (letterbox, network, decode, NMS) on Keras, each "
+        "exported artifact and OpenCV dnn on the same weights in Darknet format.",
+    )
+    parser.add_argument(
+        "--models", nargs="+", choices=("tiny", "yolov3"), default=["tiny", "yolov3"]
+    )
+    parser.add_argument("--input-size", type=int, default=416)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 0], help="cores per measurement; 0 = all"
+    )
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--calls", type=int, default=40, help="timed calls per batch size")
+    parser.add_argument("--large-calls", type=int, default=8, help="--calls for YOLOv3")
+    parser.add_argument(
+        "--weights",
+        help="trained tiny weights with metadata (default: random weights; YOLOv3 always)",
+    )
+    parser.add_argument(
+        "--records", help="record set: each engine's mAP@0.5 on its validation split"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", help="where artifacts go (default: a temporary folder)")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.set_defaults(handler=_run_detect)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_io(subparsers)
     _add_train(subparsers)
     _add_scaling(subparsers)
+    _add_detect(subparsers)
     return parser
 
 

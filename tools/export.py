@@ -13,7 +13,6 @@ Exit status 0 on success, 2 on bad flags or inputs.
 """
 
 import argparse
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -78,27 +77,13 @@ def _check_args(parser, args):
         parser.error("--max-detections and --calibration-images must be at least 1")
 
 
-def calibration_images(record_set, input_hw, count):
-    """Up to ``count`` uint8 images of a record set's validation split at ``input_hw``."""
-    import numpy as np  # noqa: PLC0415
-
-    from yolo3 import records  # noqa: PLC0415
-    from yolo3.image import letterbox_image  # noqa: PLC0415
-    from yolo3.validate import iterate_records  # noqa: PLC0415
-
-    record_set = records.open_record_set(record_set)
-    if not record_set.has_split("val"):
-        raise ValueError(f"record set {record_set} has no validation split to calibrate with")
-    images = []
-    for image, _ in itertools.islice(iterate_records(record_set, "val"), count):
-        if image.shape[:2] != tuple(input_hw):
-            image = letterbox_image(image, input_hw)
-        images.append(np.asarray(image, np.uint8))
-    return images
-
-
 def _export(args):
-    from yolo3.export import export_detector, load_keras_model, spec_for_weights  # noqa: PLC0415
+    from yolo3.export import (  # noqa: PLC0415
+        calibration_images,
+        export_detector,
+        load_keras_model,
+        spec_for_weights,
+    )
 
     spec = spec_for_weights(
         args.weights,

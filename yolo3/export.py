@@ -225,6 +225,26 @@ def letterbox_encoded(encoded, input_hw):
     return tf.ensure_shape(canvas, (*input_hw, 3)), image_hw
 
 
+def calibration_images(record_set, input_hw, count):
+    """Up to ``count`` uint8 images of a record set's validation split, letterboxed to
+    ``input_hw`` where the set was packed at another size: int8 calibration data."""
+    import itertools  # noqa: PLC0415
+
+    from yolo3 import records  # noqa: PLC0415
+    from yolo3.image import letterbox_image  # noqa: PLC0415
+    from yolo3.validate import iterate_records  # noqa: PLC0415
+
+    record_set = records.open_record_set(record_set)
+    if not record_set.has_split("val"):
+        raise ValueError(f"record set {record_set} has no validation split to calibrate with")
+    images = []
+    for image, _ in itertools.islice(iterate_records(record_set, "val"), count):
+        if image.shape[:2] != tuple(input_hw):
+            image = letterbox_image(image, input_hw)
+        images.append(np.asarray(image, np.uint8))
+    return images
+
+
 def _metadata(spec, engine, outputs, quantize):
     return {
         "format": "yolo3-detector",

@@ -148,14 +148,11 @@ def evaluate_model(
         limit: evaluate only the first ``limit`` images.
         progress: a callable given the number of images done after each batch.
     """
-    skipped = []
     if records.is_record_set(source):
-        record_set = records.open_record_set(source)
-        input_hw = record_set.input_hw
-        pairs = iterate_records(record_set, split)
+        source = records.open_record_set(source)
+        input_hw = source.input_hw
     else:
         input_hw = None
-        pairs = iterate_annotations(source, len(class_names), image_root, skipped)
     detector = Detector.from_model(
         model,
         anchors,
@@ -166,6 +163,41 @@ def evaluate_model(
         anchor_masks=anchor_masks,
         resampling=resampling,
     )
+    return evaluate_detector(
+        detector,
+        source,
+        split=split,
+        batch_size=batch_size,
+        coco=coco,
+        gallery_size=gallery_size,
+        limit=limit,
+        image_root=image_root,
+        progress=progress,
+    )
+
+
+def evaluate_detector(
+    detector,
+    source,
+    *,
+    split="val",
+    batch_size=16,
+    coco=True,
+    gallery_size=16,
+    limit=None,
+    image_root=None,
+    progress=None,
+):
+    """:func:`evaluate_model` for any object with ``detect(images)`` and ``class_names``: a
+    :class:`yolo3.detect.Detector` or an exported artifact (:func:`yolo3.runtime.load_detector`).
+    For figures comparable with :func:`evaluate_model`, its score threshold and detection cap
+    should be :data:`MAP_SCORE_THRESHOLD` and :data:`MAP_MAX_DETECTIONS`."""
+    class_names = detector.class_names
+    skipped = []
+    if records.is_record_set(source):
+        pairs = iterate_records(records.open_record_set(source), split)
+    else:
+        pairs = iterate_annotations(source, len(class_names), image_root, skipped)
     truths, detections, gallery, batch = [], [], [], []
 
     def flush():
