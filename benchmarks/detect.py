@@ -308,7 +308,7 @@ def mean_ap(engine, path, spec_json, records):
 
     detector = open_detector(engine, path, spec_json, None)
     evaluation = evaluate_detector(detector, records, coco=False, gallery_size=0)
-    return float(evaluation.voc["mAP"])
+    return float(evaluation.voc.mean_ap)
 
 
 def agreement(found, reference):

@@ -353,3 +353,56 @@ def test_loading_something_that_is_not_a_detector_says_so(exported, tmp_path):
     Image.fromarray(_images()[0]).save(jpeg, format="JPEG")
     with pytest.raises(ValueError, match="photo.tflite"):
         load_detector(jpeg)
+
+
+@pytest.fixture(scope="module")
+def scored_records(tmp_path_factory):
+    from record_sets import make_examples, write_record_set
+
+    examples = make_examples(np.random.default_rng(5), 12, size=INPUT, num_classes=len(CLASSES))
+    return write_record_set(
+        tmp_path_factory.mktemp("scored"),
+        {"train": examples[:2], "val": examples},
+        classes=CLASSES,
+    )
+
+
+def test_evaluate_tool_scores_an_artifact_as_it_scores_the_weights(
+    exported, scored_records, tmp_path
+):
+    """The same mAP from the weights and from a TFLite export at the mAP threshold."""
+    path = tmp_path / "map.tflite"
+    args = ["--weights", str(exported["weights"]), "--format", "tflite", "--output", str(path)]
+    assert load_tool("export").main([*args, "--score", "0.01"]) == 0
+    evaluate = load_tool("evaluate")
+    common = ["--records", scored_records, "--no-coco", "--gallery", "0"]
+    figures = []
+    for flag, value in (("--weights", exported["weights"]), ("--model", path)):
+        output = tmp_path / flag.strip("-")
+        assert evaluate.main([flag, str(value), *common, "--output", str(output)]) == 0
+        figures.append(json.loads((output / "metrics.json").read_text()))
+    assert figures[0]["voc"]["mAP"] == pytest.approx(figures[1]["voc"]["mAP"], abs=1e-6)
+    assert figures[0]["voc"]["mAP"] > 0  # the untrained model finds some boxes by chance
+    assert evaluate.main(["--model", str(path), "--coco-json", "x.json"]) == 2
+
+
+def test_detect_benchmark_runs_every_engine_against_opencv(tmp_path, capsys):
+    pytest.importorskip("cv2")
+    argv = [
+        "detect", "--models", "tiny", "--input-size", "64", "--batch-sizes", "1", "2",
+        "--threads", "1", "--calls", "1", "--engines", "keras", "tflite", "opencv",
+        "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "detect.json"),
+    ]  # fmt: skip
+    assert load_tool("benchmark").main(argv) == 0
+    result = json.loads((tmp_path / "detect.json").read_text())
+    engines = [row["engine"] for row in result["rows"]]
+    assert engines == ["keras", "tflite", "opencv"]
+    for row in result["rows"]:
+        for figures in row["batches"].values():
+            assert figures["images_per_second"] > 0 and figures["p90_ms"] >= figures["median_ms"]
+    matched = {r["label"]: r["value"] for r in result["ratios"] if "matched" in r["label"]}
+    assert matched == {
+        "tiny tflite: Keras detections matched (batch 2)": 1.0,
+        "tiny opencv: Keras detections matched (batch 2)": 1.0,
+    }
+    assert "| tiny | opencv | 1 |" in capsys.readouterr().out

@@ -5,6 +5,7 @@
         --classes model_data/coco_classes.txt --anchors model_data/yolo_anchors.txt
     python tools/evaluate.py --weights yolov3.weights.h5 --anchors model_data/yolo_anchors.txt \\
         --coco-json annotations/instances_val2017.json --images val2017
+    python tools/evaluate.py --model model-int8.tflite --records rec
     CUDA_VISIBLE_DEVICES=3 python tools/evaluate.py --watch logs/run
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
@@ -54,6 +55,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--weights", help="weights to evaluate (.weights.h5)")
+    parser.add_argument(
+        "--model",
+        help="instead of --weights: a SavedModel, .onnx or .tflite file from tools/export.py "
+        "(export it with --score 0.01 for figures comparable with --weights)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--records", help="record set; its --split is evaluated")
     source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
@@ -126,6 +132,10 @@ def evaluate_once(args, weights, source, class_names, anchors, output, log=print
         limit=args.limit,
         image_root=args.image_root,
     )
+    return _report(args, evaluation, output, log)
+
+
+def _report(args, evaluation, output, log):
     table = validate.write_report(evaluation, output, gallery=args.gallery > 0)
     log(table)
     if evaluation.coco:
@@ -141,7 +151,40 @@ def _figure(value):
     return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN: no such boxes
 
 
+def exported(args, log=print):
+    """Scores an exported artifact (``--model``) on a record set or an annotation file."""
+    from yolo3.runtime import load_detector  # noqa: PLC0415
+
+    if args.coco_json or args.watch or args.weights:
+        raise ValueError(
+            "--model takes --records or --annotations (not --weights, --coco-json or --watch)"
+        )
+    detector = load_detector(args.model)
+    if detector.spec.score_threshold > validate.MAP_SCORE_THRESHOLD:
+        log(
+            f"note: {args.model} drops detections scoring below "
+            f"{detector.spec.score_threshold}, which lowers mAP; export with --score "
+            f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with --weights"
+        )
+    source = records.open_record_set(args.records) if args.records else args.annotations
+    evaluation = validate.evaluate_detector(
+        detector,
+        source,
+        split=args.split,
+        batch_size=args.batch_size,
+        coco=not args.no_coco,
+        gallery_size=args.gallery,
+        limit=args.limit,
+        image_root=args.image_root,
+    )
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.model)), "eval")
+    _report(args, evaluation, output, log)
+    return 0
+
+
 def single(args):
+    if args.model:
+        return exported(args)
     if not args.weights or not (args.records or args.annotations or args.coco_json):
         raise ValueError(
             "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
