@@ -70,8 +70,13 @@ def _images(config, count):
     ]
 
 
-def _untrained_weights(model_type, input_size, path, seed):
-    """A model of random weights whose heads give a handful of boxes per image."""
+def _untrained_weights(model_type, input_size, path, seed, image):
+    """A model of random weights whose heads give a handful of boxes per image.
+
+    Each head's kernel is scaled so that its outputs on ``image`` (a letterboxed uint8
+    input) spread with a standard deviation of 1.5, and the biases leave objectness even
+    and class logits at -5.5: a few (box, class) pairs in a thousand pass a 0.3 score.
+    """
     import keras  # noqa: PLC0415
 
     from yolo3 import weights as weights_io  # noqa: PLC0415
@@ -81,12 +86,14 @@ def _untrained_weights(model_type, input_size, path, seed):
     keras.utils.set_random_seed(seed)
     model = build_model(model_type, NUM_CLASSES_UNTRAINED, input_size=input_size)
     depth = 5 + NUM_CLASSES_UNTRAINED
-    for name in head_layer_names(model_type):
+    heads = model(np.asarray(image, np.float32)[np.newaxis] / 255.0)
+    for name, head in zip(head_layer_names(model_type), heads, strict=True):
         layer = model.get_layer(name)
         kernel, bias = layer.get_weights()
-        bias = bias.reshape(3, depth)
-        bias[:, 4] = -4.0
-        layer.set_weights([kernel * 0.1, bias.reshape(-1)])
+        spread = float(np.std(np.asarray(head) - bias))
+        bias = np.zeros((3, depth), np.float32)
+        bias[:, 5:] = -5.5
+        layer.set_weights([kernel * (1.5 / max(spread, 1e-6)), bias.reshape(-1)])
     num_anchors = 9 if model_type == "yolov3" else 6
     anchors = [[10 * (i + 1), 13 * (i + 1)] for i in range(num_anchors)]
     weights_io.save_weights(
@@ -111,19 +118,16 @@ def prepare(model_type, config, directory, score_threshold, engines):
         and the :class:`yolo3.export.DetectorSpec` as JSON.
     """
     from yolo3 import darknet_writer  # noqa: PLC0415
-    from yolo3.export import (  # noqa: PLC0415
-        calibration_images,
-        export_detector,
-        load_keras_model,
-        spec_for_weights,
-    )
+    from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
+    from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
     from yolo3.image import letterbox_image  # noqa: PLC0415
 
     os.makedirs(directory, exist_ok=True)
     weights = config.weights if model_type == "tiny" and config.weights else None
     if weights is None:
         weights = os.path.join(directory, f"{model_type}.weights.h5")
-        _untrained_weights(model_type, config.input_size, weights, config.seed)
+        image = letterbox_image(_images(config, 1)[0], (config.input_size, config.input_size))
+        _untrained_weights(model_type, config.input_size, weights, config.seed, image)
     spec = spec_for_weights(weights, input_size=config.input_size, score_threshold=score_threshold)
     model = load_keras_model(weights, spec)
     paths, seconds = {"keras": weights}, {}
@@ -252,7 +256,7 @@ class OpenCVDetector:
 
 def open_detector(engine, path, spec_json, threads):
     """A detector for one engine on ``threads`` cores (None: all)."""
-    from yolo3.export import DetectorSpec  # noqa: PLC0415
+    from yolo3.detector_spec import DetectorSpec  # noqa: PLC0415
     from yolo3.runtime import load_detector  # noqa: PLC0415
 
     threads = threads or os.cpu_count()
@@ -313,7 +317,7 @@ def mean_ap(engine, path, spec_json, records):
 
 def agreement(found, reference):
     """Fraction of ``reference`` detections that ``found`` matches with a detection of the
-    same class at IoU >= 0.5 (1.0 when the reference found nothing and neither did this)."""
+    same class at IoU >= 0.5; None when neither found anything (nothing to compare)."""
     from yolo3.evaluate import box_iou  # noqa: PLC0415
 
     matched = total = extra = 0
@@ -327,7 +331,7 @@ def agreement(found, reference):
             same = np.asarray(want["classes"])[:, None] == np.asarray(got["classes"])[None, :]
             matched += int(np.sum(np.max(np.where(same, iou, 0.0), axis=1) >= 0.5))
     if total == 0:
-        return 1.0 if extra == 0 else 0.0
+        return None if extra == 0 else 0.0
     return matched / total
 
 
@@ -493,6 +497,10 @@ def _ratios(result, config):
                     rows[(model_type, engine, cores)]["batches"][batch]["detections"],
                     reference["batches"][batch]["detections"],
                 )
+                if value is None:
+                    log_none = f"{model_type} {engine}: no detections by either, nothing to match"
+                    ratios.append(make_ratio(log_none, float("nan"), None, None, FRACTION))
+                    continue
                 goal = 1.0 if engine in FLOAT32_ENGINES + ("opencv",) else None
                 ratios.append(
                     make_ratio(

@@ -16,12 +16,8 @@ from helpers import load_tool
 from PIL import Image
 
 from yolo3 import weights as weights_io
-from yolo3.export import (
-    DetectorSpec,
-    export_detector,
-    read_artifact_metadata,
-    spec_for_weights,
-)
+from yolo3.detector_spec import DetectorSpec, spec_for_weights
+from yolo3.export import export_detector, read_artifact_metadata
 from yolo3.model import build_model, head_layer_names
 from yolo3.runtime import ArtifactDetector, load_detector
 

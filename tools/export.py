@@ -78,12 +78,8 @@ def _check_args(parser, args):
 
 
 def _export(args):
-    from yolo3.export import (  # noqa: PLC0415
-        calibration_images,
-        export_detector,
-        load_keras_model,
-        spec_for_weights,
-    )
+    from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
+    from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
 
     spec = spec_for_weights(
         args.weights,

@@ -17,13 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3.detect import Detector, letterbox_batch, split_detections
-from yolo3.export import (
-    DetectorSpec,
-    artifact_engine,
-    load_keras_model,
-    read_artifact_metadata,
-    spec_for_weights,
-)
+from yolo3.detector_spec import DetectorSpec, load_keras_model, spec_for_weights
+from yolo3.export import artifact_engine, read_artifact_metadata
 from yolo3.image import letterbox_darknet, letterbox_image
 from yolo3.postprocess import batched_nms, postprocess
 
