@@ -442,50 +442,28 @@ def _ratios(result, config):
                 where = f"{model_type}, batch {batch}, {cores} core(s)"
                 if "opencv" not in speed:
                     continue
+                headline = (model_type, batch, cores) == ("tiny", 1, 1)
+
+                def add(label, faster, slower, goal=None, where=where, speed=speed):
+                    value = speed[faster] / speed[slower]
+                    ratios.append(make_ratio(f"{label}, {where}", value, None, goal, SPEEDUP))
+
                 artifacts = [e for e in FLOAT32_ENGINES if e in speed and e != "keras"]
                 if artifacts:
                     best = max(artifacts, key=speed.get)
-                    goal = 1.0 if (model_type, batch, cores) == ("tiny", 1, 1) else None
-                    ratios.append(
-                        make_ratio(
-                            f"fastest float32 artifact ({best}) / OpenCV dnn, {where}",
-                            speed[best] / speed["opencv"],
-                            None,
-                            goal,
-                            SPEEDUP,
-                        )
-                    )
+                    label = f"fastest float32 artifact ({best}) / OpenCV dnn"
+                    add(label, best, "opencv", 1.0 if headline else None)
                 if "keras" in speed:
-                    ratios.append(
-                        make_ratio(
-                            f"Keras Detector / OpenCV dnn, {where}",
-                            speed["keras"] / speed["opencv"],
-                            None,
-                            None,
-                            SPEEDUP,
-                        )
-                    )
+                    add("Keras Detector / OpenCV dnn", "keras", "opencv")
                 if "tflite-int8" in speed:
-                    goal = 3.0 if (model_type, batch, cores) == ("tiny", 1, 1) else None
-                    ratios.append(
-                        make_ratio(
-                            f"TFLite int8 / OpenCV dnn, {where}",
-                            speed["tflite-int8"] / speed["opencv"],
-                            None,
-                            goal,
-                            SPEEDUP,
-                        )
+                    add(
+                        "TFLite int8 / OpenCV dnn",
+                        "tflite-int8",
+                        "opencv",
+                        3.0 if headline else None,
                     )
                     if "tflite" in speed:
-                        ratios.append(
-                            make_ratio(
-                                f"TFLite int8 / TFLite float32, {where}",
-                                speed["tflite-int8"] / speed["tflite"],
-                                None,
-                                None,
-                                SPEEDUP,
-                            )
-                        )
+                        add("TFLite int8 / TFLite float32", "tflite-int8", "tflite")
         cores = config.threads[0] or os.cpu_count()
         batch = str(max(config.batch_sizes))
         reference = rows.get((model_type, "keras", cores))

@@ -1,5 +1,6 @@
 """Shared builders for tests: small models, random boxes and NumPy reference implementations."""
 
+import keras
 import numpy as np
 
 from yolo3.model import tiny_yolo_body
@@ -147,3 +148,16 @@ def load_tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def float64_copy(model):
+    """The same network and weights computing in float64, free of float32 rounding."""
+
+    def clone(layer):
+        config = layer.get_config()
+        config["dtype"] = "float64"
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights())
+    return copy

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from darknet_files import write_cfg, write_random_weights
-from helpers import load_tool
+from helpers import float64_copy, load_tool
 
 from yolo3 import darknet
 from yolo3 import weights as yolo_weights
@@ -68,19 +68,6 @@ def random_images(size, batch=1, seed=1):
 def numpy_outputs(outputs):
     """A model's output(s) as a list of NumPy arrays."""
     return [keras.ops.convert_to_numpy(t) for t in keras.tree.flatten(outputs)]
-
-
-def float64_copy(model):
-    """The same network and weights computing in float64, free of float32 rounding."""
-
-    def clone(layer):
-        config = layer.get_config()
-        config["dtype"] = "float64"
-        return layer.__class__.from_config(config)
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights(model.get_weights())
-    return copy
 
 
 @pytest.mark.parametrize("model_type", ["tiny", "yolov3", "darknet53"])

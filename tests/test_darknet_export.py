@@ -11,7 +11,7 @@ import cv2
 import keras
 import numpy as np
 import pytest
-from helpers import SMALL_ANCHORS, load_tool
+from helpers import SMALL_ANCHORS, float64_copy, load_tool
 
 from yolo3 import darknet, darknet_writer
 from yolo3 import weights as yolo_weights
@@ -143,19 +143,6 @@ def test_convert_reads_back_exactly(exported, model_type):
     assert_reads_back(model, cfg, weights, model_type, SETTINGS[model_type])
     settings = SETTINGS[model_type]
     assert Path(cfg).read_text() == darknet_writer.cfg_text(model_type, NUM_CLASSES, **settings)
-
-
-def float64_copy(model):
-    """The same network and weights computing in float64, free of float32 rounding."""
-
-    def clone(layer):
-        config = layer.get_config()
-        config["dtype"] = "float64"
-        return layer.__class__.from_config(config)
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights(model.get_weights())
-    return copy
 
 
 # The random weights above subtract each channel's exact mean in batch norm (up to ~5 times its

@@ -125,14 +125,21 @@ def evaluate_once(args, weights, source, class_names, anchors, output, log=print
         anchor_masks=anchor_masks,
         resampling=args.resampling or stored_resampling(weights),
         class_names=class_names,
-        split=args.split,
-        batch_size=args.batch_size,
-        coco=not args.no_coco,
-        gallery_size=args.gallery,
-        limit=args.limit,
-        image_root=args.image_root,
+        **_evaluation_options(args),
     )
     return _report(args, evaluation, output, log)
+
+
+def _evaluation_options(args):
+    """The keyword arguments of :func:`yolo3.validate.evaluate_detector` the flags set."""
+    return {
+        "split": args.split,
+        "batch_size": args.batch_size,
+        "coco": not args.no_coco,
+        "gallery_size": args.gallery,
+        "limit": args.limit,
+        "image_root": args.image_root,
+    }
 
 
 def _report(args, evaluation, output, log):
@@ -167,16 +174,7 @@ def exported(args, log=print):
             f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with --weights"
         )
     source = records.open_record_set(args.records) if args.records else args.annotations
-    evaluation = validate.evaluate_detector(
-        detector,
-        source,
-        split=args.split,
-        batch_size=args.batch_size,
-        coco=not args.no_coco,
-        gallery_size=args.gallery,
-        limit=args.limit,
-        image_root=args.image_root,
-    )
+    evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args))
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.model)), "eval")
     _report(args, evaluation, output, log)
     return 0

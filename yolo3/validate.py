@@ -117,36 +117,19 @@ def source_classes(source, classes_path=None):
 
 
 def evaluate_model(
-    model,
-    source,
-    *,
-    anchors,
-    class_names,
-    anchor_masks=None,
-    resampling="bicubic",
-    split="val",
-    batch_size=16,
-    coco=True,
-    gallery_size=16,
-    limit=None,
-    image_root=None,
-    progress=None,
+    model, source, *, anchors, class_names, anchor_masks=None, resampling="bicubic", **options
 ):
-    """Detects on every image of ``source`` and scores the detections.
+    """Detects with a Keras model on every image of ``source`` and scores the detections.
 
     Args:
         model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
         source: a :class:`yolo3.records.RecordSet`, a record-set folder or an annotation file.
         anchors: ``(num_anchors, 2)`` in input pixels.
+        class_names: names, index = class id.
         anchor_masks: anchors per head, largest stride first (default for the anchor count).
         resampling: how images are letterboxed (see :class:`yolo3.detect.Detector`); a
             record set's images are already at the input size.
-        class_names: names, index = class id.
-        split: which split of a record set.
-        coco: also compute COCO metrics with pycocotools.
-        gallery_size: images (with truth and detections) kept for :func:`write_report`.
-        limit: evaluate only the first ``limit`` images.
-        progress: a callable given the number of images done after each batch.
+        **options: :func:`evaluate_detector`'s keywords.
     """
     if records.is_record_set(source):
         source = records.open_record_set(source)
@@ -163,17 +146,7 @@ def evaluate_model(
         anchor_masks=anchor_masks,
         resampling=resampling,
     )
-    return evaluate_detector(
-        detector,
-        source,
-        split=split,
-        batch_size=batch_size,
-        coco=coco,
-        gallery_size=gallery_size,
-        limit=limit,
-        image_root=image_root,
-        progress=progress,
-    )
+    return evaluate_detector(detector, source, **options)
 
 
 def evaluate_detector(
@@ -188,10 +161,23 @@ def evaluate_detector(
     image_root=None,
     progress=None,
 ):
-    """:func:`evaluate_model` for any object with ``detect(images)`` and ``class_names``: a
-    :class:`yolo3.detect.Detector` or an exported artifact (:func:`yolo3.runtime.load_detector`).
-    For figures comparable with :func:`evaluate_model`, its score threshold and detection cap
-    should be :data:`MAP_SCORE_THRESHOLD` and :data:`MAP_MAX_DETECTIONS`."""
+    """Detects on every image of ``source`` and scores the detections.
+
+    Args:
+        detector: anything with ``detect(images)`` and ``class_names``: a
+            :class:`yolo3.detect.Detector` or an exported artifact
+            (:func:`yolo3.runtime.load_detector`). For figures comparable with
+            :func:`evaluate_model`, its score threshold and detection cap should be
+            :data:`MAP_SCORE_THRESHOLD` and :data:`MAP_MAX_DETECTIONS`.
+        source: a :class:`yolo3.records.RecordSet`, a record-set folder or an annotation file.
+        split: which split of a record set.
+        batch_size: images per ``detect`` call.
+        coco: also compute COCO metrics with pycocotools.
+        gallery_size: images (with truth and detections) kept for :func:`write_report`.
+        limit: evaluate only the first ``limit`` images.
+        image_root: the folder relative paths of an annotation file start from.
+        progress: a callable given the number of images done after each batch.
+    """
     class_names = detector.class_names
     skipped = []
     if records.is_record_set(source):
