@@ -164,21 +164,34 @@ def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
     _check_train(capsys.readouterr().out, saved, ("float32_xla_off",), ("off", "full"))
 
 
+def _memory_rounds(config):
+    """Three memory rounds in a fresh process: two reading CPU:0's allocator, one without."""
+    return [
+        train_step._memory_round(config, "large", 0, device="CPU:0"),
+        train_step._memory_round(config, "large", 1, device="CPU:0"),
+        train_step._memory_round(config, "large", 2),
+    ]
+
+
 def test_memory_round_reads_the_accelerator_allocator(monkeypatch):
-    """The branch a GPU takes, forced with the CPU's allocator (which reports zeros)."""
+    """The branch a GPU takes, forced with the CPU's allocator (which reports zeros).
+
+    The CPU allocator keeps statistics only as TensorFlow's BFC allocator, whose default
+    depends on the CPU (on here with some x86 CPUs, off with others): the rounds run in a
+    process that asks for it before TensorFlow starts.
+    """
     anchors = tuple(map(tuple, read_anchors(ROOT / "model_data" / "tiny_yolo_anchors.txt")))
     config = train_step.TrainStepConfig(
         anchors=anchors, input_size=64, batch_size=2, num_classes=3, steps=1, warmup_steps=1
     )
-    monkeypatch.setattr(train_step, "_MEMORY_STEPS", {})
-    first = train_step._memory_round(config, "large", 0, device="CPU:0")
-    second = train_step._memory_round(config, "large", 1, device="CPU:0")
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    first, second, third = harness.run_spawned(_memory_rounds, config=config)
     for figures in (first, second):
         assert figures["gpu_peak_bytes"] >= 0 and figures["gpu_in_use_bytes"] >= 0
         assert figures["peak_rss_bytes"] >= figures["rss_before_steps_bytes"] > 0
     assert 0 < second["loss"] < math.inf
     # Without a device (the CPU's default) there are no allocator figures.
-    assert "gpu_peak_bytes" not in train_step._memory_round(config, "large", 2)
+    assert "gpu_peak_bytes" not in third
 
 
 def test_speed_figures_and_mfu_by_hand():
