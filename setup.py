@@ -37,6 +37,15 @@ setup(
         # OpenCV reads videos in tools/detect.py and is the independent Darknet
         # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
         "video": ["opencv-python-headless>=4.10,<5"],
-        "test": ["pytest>=8", "opencv-python-headless>=4.10,<5", "ruff>=0.6", *EXPORT],
+        # nbclient runs examples/*.ipynb in tests/test_notebook.py on an ipykernel kernel.
+        "test": [
+            "pytest>=8",
+            "opencv-python-headless>=4.10,<5",
+            "ruff>=0.6",
+            "nbclient>=0.10,<0.12",
+            "nbformat>=5.10,<6",
+            "ipykernel>=6.29,<8",
+            *EXPORT,
+        ],
     },
 )

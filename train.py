@@ -170,6 +170,13 @@ def build_parser():
         help="several machines: split all-reduces into packs of this size (0: TensorFlow decides)",
     )
     dev.add_argument(
+        "--slurm-port-base",
+        type=int,
+        metavar="PORT",
+        help="under Slurm, task k of a node listens on PORT + k; two jobs sharing a node need "
+        "bases at least their task count apart (default: $YOLO3_SLURM_PORT_BASE, else 8888)",
+    )
+    dev.add_argument(
         "--no-memory-growth",
         action="store_true",
         help="let TensorFlow take all GPU memory up front",
@@ -200,7 +207,29 @@ def build_parser():
         metavar="SECONDS",
         help="only read the input pipeline for SECONDS and print images/s",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--progress",
+        choices=training.PROGRESS_CHOICES,
+        default=defaults.progress,
+        help="auto: a progress bar on a terminal, plain lines when output goes to a file or "
+        "pipe (a Slurm job, nohup, CI): one per epoch with every logged value, and one every "
+        "--log-every steps or --log-seconds seconds",
+    )
+    run.add_argument(
+        "--log-every",
+        type=int,
+        default=defaults.log_every,
+        metavar="STEPS",
+        help="plain lines: one every STEPS steps (default: by time only)",
+    )
+    run.add_argument(
+        "--log-seconds",
+        type=float,
+        default=defaults.log_seconds,
+        metavar="SECONDS",
+        help="plain lines: one every SECONDS seconds (0: by steps only)",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
     return parser
 
 
@@ -242,12 +271,15 @@ def config_from_args(args):
         allreduce_dtype=args.allreduce_dtype,
         collective_timeout=args.collective_timeout,
         bytes_per_pack=args.bytes_per_pack,
+        slurm_port_base=args.slurm_port_base,
         gpus=args.gpus,
         cpu_replicas=args.cpu_replicas,
         memory_growth=not args.no_memory_growth,
         resume=args.resume,
         benchmark=args.benchmark,
-        verbose=0 if args.quiet else 1,
+        progress="off" if args.quiet else args.progress,
+        log_every=args.log_every,
+        log_seconds=args.log_seconds,
     )
 
 

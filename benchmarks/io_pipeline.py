@@ -225,7 +225,7 @@ def _time_preprocess(config, annotation_path, class_names, directory, log):
         )
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         preprocess.run(
-            preprocess_config, workers=workers, overwrite=True, progress=False, log=lambda _: None
+            preprocess_config, workers=workers, overwrite=True, progress="off", log=lambda _: None
         )
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
         timings[workers] = {

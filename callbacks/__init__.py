@@ -8,6 +8,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
   the newest step every worker has.
 - :class:`Preemption`: SIGTERM stops every worker after the same step, with a backup there.
 - :class:`Throughput`: images/s and the time each step waited for input.
+- :class:`ProgressLines`: plain progress lines for a log file, in place of the progress bar.
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
@@ -18,7 +19,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 from .backup import WorkerBackup
 from .checkpoint import TemplateCheckpoint, read_training_state
 from .evaluation import MapEvaluation
-from .monitor import LearningRateLogger, StopOnNonFinite, Throughput
+from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .schedule import FreezeSchedule, PlateauScale
 
@@ -29,6 +30,7 @@ __all__ = [
     "PREEMPTED_STATUS",
     "PlateauScale",
     "Preemption",
+    "ProgressLines",
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",

@@ -6,6 +6,7 @@ import time
 import keras
 import numpy as np
 
+from yolo3.progress import DEFAULT_SECONDS, Interval, format_duration
 from yolo3.trainer import INPUT_WAIT_KEY
 
 
@@ -111,3 +112,71 @@ class StopOnNonFinite(keras.callbacks.Callback):
                 "tools/preprocess.py --verify"
             )
             self.model.stop_training = True
+
+
+class ProgressLines(keras.callbacks.Callback):
+    """Plain progress lines for a log file, in place of Keras's progress bar.
+
+    Every ``every`` steps or ``seconds`` seconds (whichever comes first):
+    ``epoch 2/6 step 150/250: loss 12.3456, 310.2 images/s, 4m10s left`` (the loss is the
+    epoch's running mean, images/s since the previous line, the time left for the whole
+    run at that pace). At each epoch's end one line with every logged value, so it must
+    come after the callbacks that add to the logs. No carriage returns, no colour codes.
+
+    Args:
+        global_batch_size: images per step over all replicas and workers.
+        every: steps between lines (None: by time only).
+        seconds: seconds between lines (0: by steps only).
+    """
+
+    def __init__(self, global_batch_size, *, every=None, seconds=DEFAULT_SECONDS, log=print):
+        super().__init__()
+        self.global_batch_size = int(global_batch_size)
+        self.interval = Interval(every, seconds)
+        self.log = log
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.started = self.mark = time.monotonic()
+        self.marked_step = 0
+        self.interval.restart(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = batch + 1
+        if not self.interval.due(step):
+            return
+        now = time.monotonic()
+        seconds_per_step = (now - self.mark) / max(step - self.marked_step, 1)
+        self.mark, self.marked_step = now, step
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        parts = []
+        if logs and "loss" in logs:
+            parts.append(f"loss {float(logs['loss']):.4f}")
+        if seconds_per_step > 0:
+            parts.append(f"{self.global_batch_size / seconds_per_step:.1f} images/s")
+        if steps and epochs:
+            left = (steps - step) + (epochs - self.epoch - 1) * steps
+            parts.append(f"{format_duration(left * seconds_per_step)} left")
+        self.log(f"epoch {self.epoch + 1}{_of(epochs)} step {step}{_of(steps)}: {', '.join(parts)}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        first = ("loss", "val_loss")  # then the rest by name
+        names = sorted(
+            logs or {}, key=lambda name: (first.index(name) if name in first else 2, name)
+        )
+        values = ", ".join(f"{name} {_figure(logs[name])}" for name in names)
+        elapsed = format_duration(time.monotonic() - self.started)
+        epochs = self.params.get("epochs")
+        self.log(f"epoch {epoch + 1}{_of(epochs)} done in {elapsed}: {values}")
+
+
+def _of(total):
+    return f"/{total}" if total else ""
+
+
+def _figure(value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{value:.6g}" if abs(value) < 1e-3 or abs(value) >= 1e5 else f"{value:.4f}"

@@ -41,6 +41,7 @@ from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
+from yolo3.progress import PROGRESS_CHOICES, counter  # noqa: E402
 from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
 from yolo3.weights import (  # noqa: E402
     load_weights,
@@ -81,6 +82,12 @@ def build_parser():
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_CHOICES,
+        default="auto",
+        help="auto: a bar on a terminal, else a plain line every 30 s",
+    )
     parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
     parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
     parser.add_argument(
@@ -118,20 +125,22 @@ def evaluate_once(args, weights, source, class_names, anchors, output, log=print
     model, anchors, anchor_masks = _model_for(
         weights, anchors, len(class_names), input_size, args.anchor_masks
     )
-    evaluation = validate.evaluate_model(
-        model,
-        source,
-        anchors=anchors,
-        anchor_masks=anchor_masks,
-        resampling=args.resampling or stored_resampling(weights),
-        class_names=class_names,
-        **_evaluation_options(args),
-    )
+    with _detecting(args, source) as bar:
+        evaluation = validate.evaluate_model(
+            model,
+            source,
+            anchors=anchors,
+            anchor_masks=anchor_masks,
+            resampling=args.resampling or stored_resampling(weights),
+            class_names=class_names,
+            **_evaluation_options(args, bar),
+        )
     return _report(args, evaluation, output, log)
 
 
-def _evaluation_options(args):
-    """The keyword arguments of :func:`yolo3.validate.evaluate_detector` the flags set."""
+def _evaluation_options(args, bar):
+    """The keyword arguments of :func:`yolo3.validate.evaluate_detector` the flags set;
+    ``bar`` (from :func:`_detecting`) counts the images done."""
     return {
         "split": args.split,
         "batch_size": args.batch_size,
@@ -139,7 +148,30 @@ def _evaluation_options(args):
         "gallery_size": args.gallery,
         "limit": args.limit,
         "image_root": args.image_root,
+        "progress": _advance(bar),
     }
+
+
+def _detecting(args, source):
+    """The progress display of detecting on ``source`` (a bar, plain lines or nothing)."""
+    total = None
+    if isinstance(source, records.RecordSet) and source.has_split(args.split):
+        total = source.num_records(args.split)
+    if args.limit:
+        total = min(total, args.limit) if total else None
+    return counter(total, what="evaluate", unit="images", progress=args.progress)
+
+
+def _advance(bar):
+    """A ``progress(done)`` callable (images done so far) that moves ``bar`` along."""
+    done = 0
+
+    def advance(count):
+        nonlocal done
+        bar.update(count - done)
+        done = count
+
+    return advance
 
 
 def _report(args, evaluation, output, log):
@@ -174,7 +206,8 @@ def exported(args, log=print):
             f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with --weights"
         )
     source = records.open_record_set(args.records) if args.records else args.annotations
-    evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args))
+    with _detecting(args, source) as bar:
+        evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args, bar))
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.model)), "eval")
     _report(args, evaluation, output, log)
     return 0
@@ -216,18 +249,21 @@ def coco_json(args, log=print):
     model, anchors, anchor_masks = _model_for(
         args.weights, anchors, len(class_names), args.input_size, args.anchor_masks
     )
-    results, metrics, num_images = validate.evaluate_coco_json(
-        model,
-        args.coco_json,
-        args.images,
-        anchors=anchors,
-        class_names=class_names,
-        anchor_masks=anchor_masks,
-        resampling=args.resampling or stored_resampling(args.weights),
-        batch_size=args.batch_size,
-        limit=args.limit,
-        data=data,
-    )
+    total = min(len(data.get("images", ())), args.limit or len(data.get("images", ())))
+    with counter(total, what="evaluate", unit="images", progress=args.progress) as bar:
+        results, metrics, num_images = validate.evaluate_coco_json(
+            model,
+            args.coco_json,
+            args.images,
+            anchors=anchors,
+            class_names=class_names,
+            anchor_masks=anchor_masks,
+            resampling=args.resampling or stored_resampling(args.weights),
+            batch_size=args.batch_size,
+            limit=args.limit,
+            data=data,
+            progress=_advance(bar),
+        )
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
     os.makedirs(output, exist_ok=True)
     fileio.write_json(os.path.join(output, "coco_results.json"), results, indent=None)

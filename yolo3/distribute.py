@@ -173,6 +173,19 @@ def mirrored_devices(choice):
     return [f"{prefix[choice.kind]}:{index}" for index in range(choice.num_devices)]
 
 
+SLURM_PORT_BASE_ENV = "YOLO3_SLURM_PORT_BASE"
+
+
+def default_slurm_port_base(env=None):
+    """The Slurm workers' first port: ``$YOLO3_SLURM_PORT_BASE``, else 8888."""
+    text = (os.environ if env is None else env).get(SLURM_PORT_BASE_ENV, "").strip()
+    if not text:
+        return 8888
+    if not text.isdigit() or not 1024 <= int(text) <= 65535:
+        raise ValueError(f"{SLURM_PORT_BASE_ENV}={text!r} is not a TCP port in [1024, 65535]")
+    return int(text)
+
+
 def make_strategy(
     *, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=None, communication=None
 ):

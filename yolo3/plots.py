@@ -1,7 +1,7 @@
 """PNG figures for evaluation, drawn with Pillow: precision/recall curves and image galleries.
 
 Both write atomically (a killed run leaves no half-written PNG) and import neither TensorFlow
-nor matplotlib.
+nor matplotlib. :func:`gallery_image` gives the gallery as a picture in memory (TensorBoard).
 """
 
 import colorsys
@@ -97,7 +97,24 @@ def draw_gallery(
     tile_size=320,
     min_score=0.3,
 ):
-    """Tiles images with their true and predicted boxes into one PNG.
+    """Writes :func:`gallery_image`'s picture to ``path`` as a PNG; returns the path."""
+    canvas = gallery_image(
+        images,
+        ground_truths,
+        detections,
+        class_names,
+        columns,
+        tile_size=tile_size,
+        min_score=min_score,
+    )
+    _save_png(canvas, path)
+    return str(path)
+
+
+def gallery_image(
+    images, ground_truths, detections, class_names, columns=4, *, tile_size=320, min_score=0.3
+):
+    """Tiles images with their true and predicted boxes into one RGB PIL image.
 
     Args:
         images: PIL images or ``(H, W, 3)`` uint8 RGB arrays, any sizes.
@@ -106,13 +123,13 @@ def draw_gallery(
         detections: per image ``{"boxes": (K, 4), "scores": (K,), "classes": (K,)}`` in that
             image's pixels (drawn in the class colour with "name score"), or None.
         class_names: names indexed by class id.
-        path: the ``.png`` file to write.
         columns: tiles per row.
         tile_size: each image is scaled to fit a ``tile_size`` square, keeping its aspect.
         min_score: detections scored below it are not drawn (evaluation keeps low-scored
             boxes that would hide the picture).
 
-    The PNG is ``min(columns, n) * tile_size`` wide and ``ceil(n / columns) * tile_size`` high.
+    The picture is ``min(columns, n) * tile_size`` wide and ``ceil(n / columns) * tile_size``
+    high.
     """
     images = list(images)
     if not images:
@@ -157,8 +174,7 @@ def draw_gallery(
                 )
                 draw.rectangle((x_min, y_min, text_right + 2, text_bottom + 1), fill=color)
                 draw.text((x_min + 2, y_min + 1), caption, fill=(0, 0, 0), font=font)
-    _save_png(canvas, path)
-    return str(path)
+    return canvas
 
 
 def _dashed_rectangle(draw, box, color, dash=4):

@@ -37,6 +37,7 @@ from yolo3 import annotations as annotations_io
 from yolo3 import fileio, hygiene
 from yolo3.augment import AugmentConfig, clip_boxes, letterbox, random_augment
 from yolo3.image import to_rgb
+from yolo3.progress import counter
 
 SPLIT_IDS = {"train": 0, "val": 1}
 PROGRESS_DIR = ".progress"
@@ -413,8 +414,11 @@ class _Renderer:
             self.pool.join()
 
 
-def run(config, *, workers=None, overwrite=False, strict=False, progress=True, log=print):
+def run(config, *, workers=None, overwrite=False, strict=False, progress="auto", log=print):
     """Preprocesses ``config.annotations`` into a record set at ``config.output``.
+
+    ``progress``: one of :data:`yolo3.progress.PROGRESS_CHOICES` (auto: a bar on a
+    terminal, else a line every 30 s through ``log``).
 
     Returns:
         The manifest dict (also written to ``manifest.json``).
@@ -422,8 +426,6 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress=True, l
     Raises:
         RejectError in ``strict`` mode on the first rejected line, box or image.
     """
-    from tqdm import tqdm  # noqa: PLC0415
-
     from yolo3 import records  # noqa: PLC0415 - TensorFlow: parent only
 
     workers = workers or os.cpu_count() or 1
@@ -454,7 +456,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress=True, l
     started = time.perf_counter()
     with (
         _Renderer(workers) as renderer,
-        tqdm(total=todo, unit="img", disable=not progress, smoothing=0.1) as bar,
+        counter(todo, what="preprocess", unit="images", progress=progress, log=log) as bar,
     ):
         results = renderer.imap(_tasks(pending, config))
         for split, index, count, items in pending:

@@ -27,6 +27,8 @@ from yolo3 import data as yolo_data
 from yolo3.communication import ALLREDUCE_DTYPES
 from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
+from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
+from yolo3.progress import resolve as resolve_progress
 from yolo3.remat import REMAT_CHOICES
 from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
 from yolo3.trainer import (
@@ -82,12 +84,15 @@ class TrainConfig:
     allreduce_dtype: str = "float32"  # yolo3.communication
     collective_timeout: float | None = None  # seconds; None waits forever
     bytes_per_pack: int = 0  # 0: TensorFlow decides
+    slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
     gpus: int | None = None
     cpu_replicas: int | None = None
     memory_growth: bool = True
     resume: bool = False
     benchmark: bool = False  # synthetic in-memory data: the speed without input cost
-    verbose: int = 1
+    progress: str = "auto"  # yolo3.progress: a bar on a terminal, else plain lines
+    log_every: int | None = None  # steps between progress lines (lines mode)
+    log_seconds: float = DEFAULT_SECONDS  # seconds between progress lines; 0: by steps only
 
     def __post_init__(self):
         checks = [
@@ -118,11 +123,20 @@ class TrainConfig:
                 self.collective_timeout is None or self.collective_timeout > 0,
                 "--collective-timeout must be a positive number of seconds",
             ),
+            (
+                self.progress in PROGRESS_CHOICES,
+                f"--progress: one of {PROGRESS_CHOICES}",
+            ),
             (self.bytes_per_pack >= 0, "--bytes-per-pack must be >= 0 (0: automatic)"),
+            (
+                self.slurm_port_base is None or 1024 <= self.slurm_port_base <= 65535,
+                "--slurm-port-base must be a TCP port in [1024, 65535]",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_interval(self.log_every, self.log_seconds)
         if self.freeze_body and not self.freeze_epochs:
             raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
 
@@ -275,10 +289,12 @@ def run(config, *, log=print):
         A :class:`TrainResult`.
     """
     started = time.perf_counter()
+    progress = resolve_progress(config.progress)
     keras.utils.set_random_seed(config.seed)
     strategy = distribute.make_strategy(
         gpus=config.gpus,
         cpu_replicas=config.cpu_replicas,
+        slurm_port_base=config.slurm_port_base or distribute.default_slurm_port_base(),
         communication=communication.communication_options(
             config.bytes_per_pack, config.collective_timeout
         ),
@@ -434,6 +450,7 @@ def run(config, *, log=print):
     preemption = yolo_callbacks.Preemption(stop_flag, log=log)
     callback_list, throughput, nonfinite = _callbacks(
         config,
+        progress=progress,
         trainer=trainer,
         info=info,
         model_type=model_type,
@@ -458,7 +475,7 @@ def run(config, *, log=print):
             validation_steps=val_steps,
             callbacks=callback_list,
             shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
-            verbose=config.verbose if info.is_chief else 0,
+            verbose=1 if progress == "bar" and info.is_chief else 0,
         ).history
 
     history = {}
@@ -535,7 +552,7 @@ def _cause(error):
 
 
 def _callbacks(
-    config, *, trainer, info, model_type, metadata, clock, global_batch, monitor,
+    config, *, progress, trainer, info, model_type, metadata, clock, global_batch, monitor,
     checkpoint_dir, map_source, backup, preemption, log,
 ):  # fmt: skip
     """The callbacks of a run, in the order they must see each epoch's logs.
@@ -545,7 +562,8 @@ def _callbacks(
     """
     body = trainer.body
     # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
-    epoch_log = (lambda message: log(f"\n{message}")) if config.verbose else log
+    # In lines mode the epoch's line carries images/s and the input wait already.
+    epoch_log = {"bar": lambda message: log(f"\n{message}"), "off": log}.get(progress)
     throughput = yolo_callbacks.Throughput(
         global_batch, clock, log=epoch_log if info.is_chief else None
     )
@@ -564,7 +582,14 @@ def _callbacks(
                 anchors=metadata["anchors"],
                 class_names=metadata["classes"],
                 every=config.map_every,
+                tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
                 log=log,
+            )
+        )
+    if progress == "lines" and info.is_chief:
+        ordered.append(
+            yolo_callbacks.ProgressLines(
+                global_batch, every=config.log_every, seconds=config.log_seconds, log=log
             )
         )
     if info.is_chief:
