@@ -14,6 +14,12 @@ instead of a hang; start the same command again to resume from the workers' back
 SIGTERM to the launcher is passed on to its workers, which then stop after the same step
 with a backup there (``train.py`` exits with 143); the same command resumes.
 
+Who can reach a worker's port can run operations in it: TensorFlow's server has no
+authentication, and it listens on every interface of its machine whatever address TF_CONFIG
+names (127.0.0.1 with ``-n`` included; TensorFlow has no option for another). Run workers on
+a private network or behind firewall rules; to train on one machine alone, ``train.py
+--gpus N`` or ``--cpu-replicas N`` uses one process and opens no port.
+
 Exit status: 0 when every worker succeeded, else the first failing worker's status.
 """
 
@@ -33,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo3.cli import run_main  # noqa: E402 - standard library only, no TensorFlow
 
 
-def free_port(host="127.0.0.1"):
-    """A TCP port free now (this launcher stays free of TensorFlow, so it is not imported)."""
+def free_port(host=""):
+    """A TCP port free now on ``host`` ("": every interface, where TensorFlow's server will
+    listen). This launcher stays free of TensorFlow, so it is not imported."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

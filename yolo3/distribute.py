@@ -43,6 +43,10 @@ class StrategyKind(enum.Enum):
     CPU = "cpu"
 
 
+class WorkerPortError(ValueError):
+    """A worker's server could not listen on the port its configuration gives it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StrategyChoice:
     """What :func:`make_strategy` builds: the kind, and the devices each process trains on.
@@ -174,15 +178,24 @@ def mirrored_devices(choice):
 
 
 SLURM_PORT_BASE_ENV = "YOLO3_SLURM_PORT_BASE"
+DEFAULT_SLURM_PORT_BASE = 8888
 
 
 def default_slurm_port_base(env=None):
-    """The Slurm workers' first port: ``$YOLO3_SLURM_PORT_BASE``, else 8888."""
+    """The Slurm workers' first port: ``$YOLO3_SLURM_PORT_BASE``, else 8888.
+
+    Task k of a node listens on this + k, so two jobs sharing a node need bases at least
+    their tasks per node apart (``examples/slurm/train.sbatch`` derives one from the job id).
+    """
     text = (os.environ if env is None else env).get(SLURM_PORT_BASE_ENV, "").strip()
     if not text:
-        return 8888
+        return DEFAULT_SLURM_PORT_BASE
     if not text.isdigit() or not 1024 <= int(text) <= 65535:
-        raise ValueError(f"{SLURM_PORT_BASE_ENV}={text!r} is not a TCP port in [1024, 65535]")
+        raise ValueError(
+            f"{SLURM_PORT_BASE_ENV}={text!r} is not a TCP port in [1024, 65535]; set it to the "
+            "first port of this job's workers on each node, or unset it for "
+            f"{DEFAULT_SLURM_PORT_BASE}"
+        )
     return int(text)
 
 
@@ -201,6 +214,12 @@ def make_strategy(
     give each task its own GPUs with Slurm (``--gpus-per-task``) and each worker trains on
     all the GPUs it sees (or the first ``gpus``).
 
+    Who can reach a worker's port can run operations in it: TensorFlow's server has no
+    authentication, and it listens on every interface of the machine (``0.0.0.0``) whatever
+    host the cluster names, with no option for another address. Keep the workers on a
+    private network or behind firewall rules; on one machine, ``gpus``/``cpu_replicas``
+    train in one process with no port at all.
+
     ``gpu_names`` (default: the visible GPUs) lets a test take a GPU branch on a CPU.
     ``communication``: the ``tf.distribute.experimental.CommunicationOptions`` of a
     multi-worker strategy's collectives (:func:`yolo3.communication.communication_options`).
@@ -218,9 +237,14 @@ def make_strategy(
         else:
             resolver = _slurm_resolver(env, count, slurm_port_base)
         keras_mwms.apply()
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=communication
-        )
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=communication
+            )
+        except tf.errors.UnknownError as error:
+            if "Could not start gRPC server" not in str(error):
+                raise
+            raise WorkerPortError(_server_failure(kind, resolver, slurm_port_base)) from error
     if kind is StrategyKind.MIRRORED_CPUS:
         found = len(tf.config.list_logical_devices("CPU"))
         if found < count:
@@ -360,8 +384,9 @@ def broadcast_from_chief(strategy, variables):
         handle.assign(value if dtype == wide else tf.bitcast(value, dtype))
 
 
-def free_ports(count, host="127.0.0.1"):
-    """``count`` distinct TCP ports free on ``host`` now.
+def free_ports(count, host=""):
+    """``count`` distinct TCP ports free on ``host`` now ("": every interface, which is where
+    TensorFlow's server listens whatever host its cluster names).
 
     The sockets are closed on return, so another process may take a port before TensorFlow
     binds it; a launcher that sees a worker fail to start can retry with new ports.
@@ -376,7 +401,7 @@ def free_ports(count, host="127.0.0.1"):
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def free_port(host="127.0.0.1"):
+def free_port(host=""):
     """One TCP port free on ``host`` now (see :func:`free_ports`)."""
     return free_ports(1, host)[0]
 
@@ -464,6 +489,25 @@ def _tf_config_resolver(env, num_gpus):
     cluster, task, rpc_layer = _parse_tf_config(env)
     spec = tf.train.ClusterSpec({job: list(cluster[job]) for job in cluster if cluster[job]})
     return _with_gpus(spec, task["type"], int(task.get("index", 0)), num_gpus, rpc_layer)
+
+
+def _server_failure(kind, resolver, port_base):
+    """What to do when this worker's server could not listen on its port."""
+    address = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
+    port = address.rpartition(":")[2]
+    if kind is StrategyKind.MULTI_WORKER_SLURM:
+        return (
+            f"Slurm task {resolver.task_id} could not listen on port {port} ({address}): "
+            f"the port is taken on this node, perhaps by another job sharing it. Task k of a "
+            f"node listens on the port base ({port_base}) + k: give each job on a node its own "
+            f"base, at least its tasks per node apart, with --slurm-port-base or "
+            f"{SLURM_PORT_BASE_ENV}"
+        )
+    return (
+        f"worker {resolver.task_type}:{resolver.task_id} could not listen on port {port} "
+        f"({address} in TF_CONFIG): the port is taken on this machine; give this worker a "
+        "free port in TF_CONFIG (tools/launch.py -n picks free ones)"
+    )
 
 
 def _slurm_resolver(env, num_gpus, port_base):
