@@ -22,7 +22,13 @@ import keras
 import numpy as np
 import pytest
 from slurm_cluster import SlurmCluster, missing_programs, task_pids
-from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_helpers import (
+    SIZE,
+    assert_only_the_chief_wrote,
+    small_record_set,
+    train_args,
+    write_anchors,
+)
 
 from yolo3 import distribute
 from yolo3.model import tiny_yolo_body
@@ -148,15 +154,7 @@ def test_srun_trains_one_two_worker_job_that_only_the_chief_writes(cluster, data
     chief = _weights(tmp_path / "dump/task-0/worker-0.npz")
     other = _weights(tmp_path / "dump/task-1/worker-0.npz")
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(chief, other)) == 0.0
-    job = tmp_path / "job"
-    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == [
-        "best.weights.h5", "epoch-0001.weights.h5", "epoch-0002.weights.h5",
-        "last.weights.h5", "state.weights.h5",
-    ]  # fmt: skip
-    assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == 2
-    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # train, val
-    assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == 2
-    assert not (job / "backup").exists() or not any((job / "backup").iterdir())
+    assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
 
 
 @needs_slurm

@@ -16,7 +16,13 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_helpers import (
+    SIZE,
+    assert_only_the_chief_wrote,
+    small_record_set,
+    train_args,
+    write_anchors,
+)
 from train_worker import probe_images
 
 from yolo3.model import tiny_yolo_body
@@ -174,15 +180,7 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
     assert moved > 5e-2
     assert step_one <= 5e-3 and step_two <= 3e-2
     # Only the chief wrote: one set of checkpoints, one TensorBoard run, one config.
-    job = tmp_path / "job"
-    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == [
-        "best.weights.h5", "epoch-0001.weights.h5", "epoch-0002.weights.h5",
-        "last.weights.h5", "state.weights.h5",
-    ]  # fmt: skip
-    assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == 2
-    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # train, val
-    assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == 2
-    assert not (job / "backup").exists() or not any((job / "backup").iterdir())
+    assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
     print(f"\n2-worker cluster, 2 epochs of tiny at {SIZE} px: {cluster_seconds:.0f} s wall")
 
 

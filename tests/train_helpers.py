@@ -1,8 +1,12 @@
 """Record sets and anchors files for training tests, written into a temporary folder."""
 
+import json
+
 import numpy as np
 from helpers import SMALL_ANCHORS
 from record_sets import make_examples, write_record_set
+
+from yolo3.weights import read_metadata
 
 SIZE = 64
 
@@ -48,3 +52,16 @@ def train_args(records, log_dir, anchors, *extra):
         "--records", str(records), "--log-dir", str(log_dir), "--anchors", str(anchors),
         "--batch-size", "4", "--quiet", "--lr", "0.02", "--warmup-epochs", "0", *extra,
     ]  # fmt: skip
+
+
+def assert_only_the_chief_wrote(job, *, epochs, workers):
+    """A multi-worker run's folder holds one set of checkpoints (every epoch kept), one
+    TensorBoard run and one config, all from the chief, and no backups left over."""
+    kept = [f"epoch-{epoch:04d}.weights.h5" for epoch in range(1, epochs + 1)]
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == sorted(
+        ["best.weights.h5", "last.weights.h5", "state.weights.h5", *kept]
+    )
+    assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == epochs
+    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # train, val
+    assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == workers
+    assert not (job / "backup").exists() or not any((job / "backup").iterdir())

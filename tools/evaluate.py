@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import fileio, records, validate  # noqa: E402
-from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
+from yolo3.cli import add_detector_arguments, add_progress_argument, run_main  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.model import build_model  # noqa: E402
-from yolo3.progress import PROGRESS_CHOICES, counter  # noqa: E402
+from yolo3.progress import counter  # noqa: E402
 from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
 from yolo3.weights import (  # noqa: E402
     load_weights,
@@ -82,12 +82,7 @@ def build_parser():
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
-    parser.add_argument(
-        "--progress",
-        choices=PROGRESS_CHOICES,
-        default="auto",
-        help="auto: a bar on a terminal, else a plain line every 30 s",
-    )
+    add_progress_argument(parser)
     parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
     parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
     parser.add_argument(

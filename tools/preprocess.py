@@ -24,8 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
-from yolo3.cli import fail, run_main  # noqa: E402
-from yolo3.progress import PROGRESS_CHOICES  # noqa: E402
+from yolo3.cli import add_progress_argument, fail, run_main  # noqa: E402
 from yolo3.resources import parse_size, read_classes  # noqa: E402
 
 
@@ -108,12 +107,7 @@ def build_parser():
         action="store_true",
         help="delete the record set in --output (its files only) first, whatever its settings",
     )
-    run.add_argument(
-        "--progress",
-        choices=PROGRESS_CHOICES,
-        default="auto",
-        help="auto: a bar on a terminal, else a plain line every 30 s",
-    )
+    add_progress_argument(run)
     run.add_argument("--no-progress", action="store_true", help="no progress display")
     run.add_argument("--verify", metavar="DIR", help="check a record set and exit")
     return parser

@@ -45,6 +45,18 @@ def add_detector_arguments(parser):
     )
 
 
+def add_progress_argument(parser):
+    """``--progress`` of the tools that count images (see :mod:`yolo3.progress`)."""
+    from yolo3.progress import PROGRESS_CHOICES  # noqa: PLC0415 - the skeleton stays light
+
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_CHOICES,
+        default="auto",
+        help="auto: a bar on a terminal, else a plain line every 30 s",
+    )
+
+
 def fail(message, status=2):
     """Prints ``error: message`` on standard error and returns ``status``."""
     print(f"error: {message}", file=sys.stderr)
