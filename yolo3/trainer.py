@@ -20,6 +20,12 @@ import tensorflow as tf
 from keras import ops
 
 from yolo3.communication import check_allreduce_dtype, install_gradient_reducer
+from yolo3.compression import (
+    PowerSGDState,
+    check_compression,
+    compressible,
+    install_powersgd_reducer,
+)
 from yolo3.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.multiscale import resize_batch
@@ -195,6 +201,12 @@ class YoloTrainer(keras.Model):
             ``accumulate`` times larger batch.
         allreduce_dtype: ``float32``, ``bfloat16`` or ``float16``: the dtype gradients are
             summed across replicas in (:func:`yolo3.communication.all_reduce_gradients`).
+        compress: ``none``, or ``powersgd``: the large convolution kernels' gradients are
+            all-reduced as rank-``rank`` factors with error feedback
+            (:mod:`yolo3.compression`); ``compile`` builds the state (``trainer.powersgd``,
+            saved with the trainer) under the strategy's scope. Once per optimizer step, so
+            with ``accumulate`` the summed micro-batches are compressed together.
+        rank: the factors' rank with ``compress="powersgd"``.
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -215,6 +227,8 @@ class YoloTrainer(keras.Model):
         multi_scale=None,
         accumulate=1,
         allreduce_dtype="float32",
+        compress="none",
+        rank=4,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
@@ -222,6 +236,8 @@ class YoloTrainer(keras.Model):
             raise ValueError(f"--accumulate {accumulate}: use a whole number of micro-batches >= 1")
         self.accumulate = int(accumulate)
         self.allreduce_dtype = check_allreduce_dtype(allreduce_dtype)
+        self.compress, self.rank = check_compression(compress, rank)
+        self.powersgd = None  # PowerSGDState, built by compile()
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -244,7 +260,15 @@ class YoloTrainer(keras.Model):
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
-        if self.allreduce_dtype != "float32" and self.optimizer is not None:
+        if self.optimizer is None:
+            return
+        if self.compress == "powersgd":
+            if self.powersgd is None:
+                # Every kernel, frozen ones too: a frozen stage's kernels train later.
+                kernels = compressible(self.body.weights, self.rank)
+                self.powersgd = PowerSGDState(kernels, self.rank)
+            install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
+        elif self.allreduce_dtype != "float32":
             install_gradient_reducer(self.optimizer, self.allreduce_dtype)
 
     def attach_input_clock(self, clock):

@@ -25,6 +25,7 @@ from yolo3 import callbacks as yolo_callbacks
 from yolo3 import communication, devices, distribute, fileio, multiscale, records
 from yolo3 import data as yolo_data
 from yolo3.communication import ALLREDUCE_DTYPES
+from yolo3.compression import COMPRESSIONS, powersgd_bytes
 from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
@@ -82,6 +83,8 @@ class TrainConfig:
     multi_scale: str | None = None  # "auto" or "MIN:MAX": yolo3.multiscale
     accumulate: int = 1  # micro-batches per optimizer step
     allreduce_dtype: str = "float32"  # yolo3.communication
+    compress: str = "none"  # yolo3.compression: "powersgd" sends low-rank factors
+    rank: int = 4  # the factors' rank with compress="powersgd"
     collective_timeout: float | None = None  # seconds; None waits forever
     bytes_per_pack: int = 0  # 0: TensorFlow decides
     slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
@@ -119,6 +122,8 @@ class TrainConfig:
                 self.allreduce_dtype in ALLREDUCE_DTYPES,
                 f"--allreduce-dtype: one of {ALLREDUCE_DTYPES}",
             ),
+            (self.compress in COMPRESSIONS, f"--compress: one of {COMPRESSIONS}"),
+            (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,
                 "--collective-timeout must be a positive number of seconds",
@@ -263,6 +268,19 @@ def _accumulate_text(config):
     return f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
 
 
+def _allreduce_text(config, body):
+    """The all-reduce's dtype, and with compression the bytes it saves."""
+    if config.compress == "none":
+        return config.allreduce_dtype
+    weights = body.trainable_weights
+    sent = powersgd_bytes(weights, config.rank, config.allreduce_dtype)
+    full = communication.allreduce_bytes(weights, config.allreduce_dtype)
+    return (
+        f"{config.allreduce_dtype} + PowerSGD rank {config.rank} ({sent / 1e6:.2f} MB per step "
+        f"per worker, {full / 1e6:.2f} MB uncompressed)"
+    )
+
+
 def _sizes_text(scales):
     if scales is None:
         return "off"
@@ -334,16 +352,12 @@ def run(config, *, log=print):
         sizes = multiscale.parse_sizes(config.multi_scale, input_hw)
         scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
-    log(
-        f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
-        f"{replicas} replicas x {config.batch_size}{_accumulate_text(config)} = global batch "
-        f"{global_batch}; all-reduce {config.allreduce_dtype}; "
-        f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
-        f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
-        f"precision {precision}; remat {config.remat}; "
-        f"multi-scale {_sizes_text(scales)}; "
-        f"worker {info.worker_index + 1}/{info.num_workers}"
-    )
+    if config.compress != "none" and precision == "mixed_float16":
+        raise ValueError(
+            f"--compress {config.compress} is not supported with float16 mixed precision: loss "
+            "scaling applies the update inside a conditional branch (to skip overflowing "
+            "steps), where its collectives would run; use --mixed-precision bfloat16 or off"
+        )
 
     with strategy.scope():
         body = build_model(
@@ -352,6 +366,17 @@ def run(config, *, log=print):
             input_size=None if scales else input_hw,  # multi-scale: any size
             weight_decay=config.weight_decay,
             synchronized_bn=sync_bn,
+        )
+        # After the model is built: the line gives the bytes of its all-reduce.
+        log(
+            f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
+            f"{replicas} replicas x {config.batch_size}{_accumulate_text(config)} = global "
+            f"batch {global_batch}; all-reduce {_allreduce_text(config, body)}; "
+            f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
+            f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
+            f"precision {precision}; remat {config.remat}; "
+            f"multi-scale {_sizes_text(scales)}; "
+            f"worker {info.worker_index + 1}/{info.num_workers}"
         )
         _load_initial_weights(body, config, log)
         trainer = YoloTrainer(
@@ -364,6 +389,8 @@ def run(config, *, log=print):
             multi_scale=scales,
             accumulate=config.accumulate,
             allreduce_dtype=config.allreduce_dtype,
+            compress=config.compress,
+            rank=config.rank,
         )
         lr_schedule = WarmupSchedule(
             peak_lr,
