@@ -42,6 +42,11 @@ import tensorflow as tf
 from yolo3.communication import BYTES_PER_ELEMENT, all_reduce_by_dtype, all_reduce_gradients
 
 COMPRESSIONS = ("none", "powersgd")
+FLOAT16_REFUSAL = (
+    "--compress powersgd is not supported with float16 mixed precision: loss scaling applies "
+    "the update inside a conditional branch (to skip overflowing steps), where its "
+    "collectives would run; use --mixed-precision bfloat16 or off"
+)
 
 
 def check_compression(compress, rank):
@@ -294,11 +299,7 @@ def install_powersgd_reducer(optimizer, state, dtype="float32", options=None):
     ``cond`` on whether the gradients are finite, so the collectives would run in a branch.
     """
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            "--compress powersgd is not supported with float16 mixed precision: loss scaling "
-            "applies the update inside a conditional branch (to skip overflowing steps), where "
-            "its collectives would run; use --mixed-precision bfloat16 or off"
-        )
+        raise ValueError(FLOAT16_REFUSAL)
     optimizer._all_reduce_sum_gradients = lambda pairs: powersgd_all_reduce(
         state, pairs, dtype, options
     )

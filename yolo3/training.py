@@ -25,7 +25,7 @@ from yolo3 import callbacks as yolo_callbacks
 from yolo3 import communication, devices, distribute, fileio, multiscale, records
 from yolo3 import data as yolo_data
 from yolo3.communication import ALLREDUCE_DTYPES
-from yolo3.compression import COMPRESSIONS, powersgd_bytes
+from yolo3.compression import COMPRESSIONS, FLOAT16_REFUSAL, powersgd_bytes
 from yolo3.loss import IGNORE_THRESH
 from yolo3.model import MODEL_TYPES, build_model
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
@@ -353,11 +353,7 @@ def run(config, *, log=print):
         scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
     if config.compress != "none" and precision == "mixed_float16":
-        raise ValueError(
-            f"--compress {config.compress} is not supported with float16 mixed precision: loss "
-            "scaling applies the update inside a conditional branch (to skip overflowing "
-            "steps), where its collectives would run; use --mixed-precision bfloat16 or off"
-        )
+        raise ValueError(FLOAT16_REFUSAL)
 
     with strategy.scope():
         body = build_model(
