@@ -21,7 +21,8 @@ Scaling efficiency = (two-worker images/s) / (2 x one-process images/s). Beside 
 ceiling: two independent processes training at once, without communication (cores that
 compute together share memory bandwidth and clock, so this is below 2 x one process).
 
-``settings`` runs the workers once per (micro-batches per step, all-reduce dtype) pair,
+``settings`` runs the workers once per (micro-batches per step, all-reduce dtype, PowerSGD
+rank or 0 for none) setting,
 side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
 (a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
 too, in a network namespace whose loopback carries that rate. Each worker setting reports
@@ -52,6 +53,7 @@ from benchmarks.link import RateLimitedLoopback, parse_rate
 from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import distribute, fileio
 from yolo3.communication import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
+from yolo3.compression import powersgd_bytes
 from yolo3.layers import SyncBatchNormalization
 
 GOAL_EFFICIENCY = 0.90
@@ -69,16 +71,21 @@ class ScalingConfig:
     sync_bn: str = "auto"  # on with more than one replica, as train.py
     timeout: float = 900.0  # seconds for one run, start-up included
     link: str = "none"  # a tc rate for the loopback (benchmarks.link), or none
-    # (micro-batches per optimizer step, all-reduce dtype) of each multi-worker run
-    settings: tuple = ((1, "float32"),)
+    # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank, 0: none]) of
+    # each multi-worker run
+    settings: tuple = ((1, "float32", 0),)
 
     def __post_init__(self):
         parse_rate(self.link)
         if not self.settings:
             raise ValueError("--settings: give at least one K:DTYPE")
-        for accumulate, dtype in self.settings:
+        settings = tuple((*setting, 0)[:3] for setting in self.settings)
+        object.__setattr__(self, "settings", settings)  # every setting names its rank
+        for accumulate, dtype, rank in settings:
             if accumulate < 1:
                 raise ValueError(f"--settings {accumulate}:{dtype}: K must be >= 1")
+            if rank < 0:
+                raise ValueError(f"--settings {accumulate}:{dtype}:powersgd{rank}: rank >= 1")
             check_allreduce_dtype(dtype)
         if self.sync_bn not in SYNC_BN_CHOICES:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
@@ -140,15 +147,17 @@ def _environment(tf_config):
     return env
 
 
-def _run_job(config, workers, directory, log, *, link, setting=(1, "float32"), independent=False):
+def _run_job(
+    config, workers, directory, log, *, link, setting=(1, "float32", 0), independent=False
+):
     """Starts ``workers`` pinned processes and returns their results.
 
     One process, or ``independent`` ones, get no TF_CONFIG: each trains alone.
     """
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
-    accumulate, dtype = setting
-    job = {"accumulate": accumulate, "allreduce_dtype": dtype}
+    accumulate, dtype, rank = setting
+    job = {"accumulate": accumulate, "allreduce_dtype": dtype, "rank": rank}
     fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
@@ -157,7 +166,7 @@ def _run_job(config, workers, directory, log, *, link, setting=(1, "float32"), i
             together = workers > 1 and not independent
             tf_config = distribute.tf_config(addresses, index) if together else None
             output = os.path.join(
-                directory, f"{workers}w-{accumulate}-{dtype}-{independent}-{index}.log"
+                directory, f"{workers}w-{accumulate}-{dtype}-{rank}-{independent}-{index}.log"
             )
             outputs.append(output)
             with open(output, "w", encoding="utf-8") as log_file:
@@ -188,6 +197,7 @@ def _run_job(config, workers, directory, log, *, link, setting=(1, "float32"), i
         label += ", independent"
     elif workers > 1:
         label += f", {accumulate} micro-batch{'es' if accumulate > 1 else ''}, {dtype}"
+        label += f", PowerSGD rank {rank}" if rank else ""
     log(f"  {label}: " + _describe(results, config))
     return results
 
@@ -243,8 +253,8 @@ def _describe(results, config):
 
 
 def _setting_key(setting):
-    accumulate, dtype = setting
-    return f"workers_{accumulate}_{dtype}"
+    accumulate, dtype, rank = setting
+    return f"workers_{accumulate}_{dtype}" + (f"_powersgd{rank}" if rank else "")
 
 
 def run_scaling(config, *, command="", log=print):
@@ -310,9 +320,10 @@ def run_scaling(config, *, command="", log=print):
     }
     communication = {}
     bits_per_second = parse_rate(config.link)
-    for accumulate, dtype in config.settings:
-        key = _setting_key((accumulate, dtype))
+    for accumulate, dtype, rank in config.settings:
+        key = _setting_key((accumulate, dtype, rank))
         name = f"{workers} workers (MultiWorkerMirroredStrategy), K={accumulate}, {dtype}"
+        name += f", PowerSGD rank {rank}" if rank else ""
         rows[key] = harness.summarize(
             f"{name} (batch {batch} x {accumulate} each)", runs[key], workers
         )
@@ -425,7 +436,8 @@ def format_scaling(result):
 def _traffic(trainer, job, replicas):
     """Bytes one worker contributes to the collectives of one optimizer step.
 
-    The gradient all-reduce once per step; each synchronised batch norm once per
+    The gradient all-reduce once per step (with PowerSGD, its factors and the gradients it
+    leaves uncompressed); each synchronised batch norm once per
     micro-batch: a float32 all-gather of 4 statistics per channel forward and, backward,
     an all-reduce of the gathered ``replicas x 4`` per channel.
     """
@@ -435,8 +447,11 @@ def _traffic(trainer, job, replicas):
         if isinstance(layer, SyncBatchNormalization)
     )
     per_micro_batch = channels * 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
+    variables, dtype, rank = trainer.trainable_variables, job["allreduce_dtype"], job["rank"]
     return {
-        "gradient_bytes": allreduce_bytes(trainer.trainable_variables, job["allreduce_dtype"]),
+        "gradient_bytes": powersgd_bytes(variables, rank, dtype)
+        if rank
+        else allreduce_bytes(variables, dtype),
         "batch_norm_bytes": per_micro_batch * job["accumulate"],
     }
 
@@ -467,6 +482,8 @@ def worker_main(argv):
             data_seed=config.step.seed + info.worker_index,
             accumulate=job["accumulate"],
             allreduce_dtype=job["allreduce_dtype"],
+            compress="powersgd" if job["rank"] else "none",
+            rank=job["rank"] or 4,
         )
 
     def dataset_fn(context):

@@ -158,12 +158,15 @@ def build_step(
     remat="off",
     accumulate=1,
     allreduce_dtype="float32",
+    compress="none",
+    rank=4,
 ):
     """A compiled trainer, as ``yolo3.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
-    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate`` and
-    ``allreduce_dtype`` go to the trainer. Layers take the global dtype policy.
+    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate``,
+    ``allreduce_dtype``, ``compress`` and ``rank`` go to the trainer. Layers take the global
+    dtype policy.
 
     Returns:
         ``(trainer, images, boxes)``: ``images`` (B, S, S, 3) uint8 of generated shapes and
@@ -191,6 +194,8 @@ def build_step(
         remat=remat,
         accumulate=accumulate,
         allreduce_dtype=allreduce_dtype,
+        compress=compress,
+        rank=rank,
     )
     # train.py's kind of schedule; the rate it gives does not change the cost of a step.
     schedule = WarmupSchedule(1e-3, warmup_steps=1000, total_steps=100000, scale=trainer.lr_scale)

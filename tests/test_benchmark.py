@@ -268,7 +268,7 @@ def test_precisions_default_to_float16_only_with_a_gpu():
 def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
-    argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16"]
+    argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16", "1:float32:powersgd2"]
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
@@ -276,14 +276,19 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert re.search(r"^scaling efficiency, 2 workers .*K=2, bfloat16 .* >= 90% +(PASS|MISS)$",
                      output, re.M)  # fmt: skip
     keys = ("single", "independent", "workers_1_float32", "workers_2_bfloat16")
-    saved = _check_json(json_path, keys)
+    saved = _check_json(json_path, (*keys, "workers_1_float32_powersgd2"))
     assert saved["ratios"]["ceiling"]["passed"] is None  # informative
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
     plain, tuned = (saved["communication"][k] for k in ("workers_1_float32", "workers_2_bfloat16"))
     # bfloat16 halves the gradient; two micro-batches per step halve it again per image.
     assert tuned["gradient_bytes"] * 2 == plain["gradient_bytes"]
     assert tuned["bytes_per_image"] < plain["bytes_per_image"] / 3.5
-    for figures in (plain, tuned):
+    compressed = saved["communication"]["workers_1_float32_powersgd2"]
+    # Rank 2 factors in place of tiny's kernels: far fewer bytes, the same batch-norm bytes.
+    assert compressed["gradient_bytes"] < plain["gradient_bytes"] / 50
+    assert compressed["batch_norm_bytes"] == plain["batch_norm_bytes"]
+    assert "PowerSGD rank 2" in compressed["label"]
+    for figures in (plain, tuned, compressed):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
     assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
 
@@ -352,6 +357,9 @@ def test_link_rates_and_settings_are_checked(capsys, monkeypatch):
     assert "K:DTYPE" in capsys.readouterr().err
     assert tool.main(["scaling", "--settings", "4:int8"]) == 2
     assert "--allreduce-dtype" in capsys.readouterr().err
+    for bad in ("1:float32:powersgd0", "1:float32:zip4", "1:float32:powersgd"):
+        assert tool.main(["scaling", "--settings", bad]) == 2
+        assert "powersgdR" in capsys.readouterr().err
     # Without root the shaped link cannot be made: one line and status 2, nothing started.
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert tool.main(["scaling", *SMALL_STEP, "--link", "100mbit"]) == 2

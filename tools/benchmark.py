@@ -4,7 +4,7 @@
     python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
-        [--link 100mbit] [--settings 1:float32 8:bfloat16]
+        [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4]
     python tools/benchmark.py detect [--models tiny yolov3] [--weights W --records R]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
@@ -24,9 +24,10 @@ for each ``--remat`` setting, one process each.
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
 core with one thread; the scaling efficiency. ``--link RATE`` runs every process in a
 private network namespace whose loopback is rate-limited with tc (root and iproute2;
-exit status 2 without them); ``--settings K:DTYPE ...`` compares micro-batches per step
-and all-reduce dtypes side by side, with the bytes sent per step and the step time a
-compute + bytes / rate model predicts. About 3 minutes on 2 cores at 128 px.
+exit status 2 without them); ``--settings K:DTYPE[:powersgdR] ...`` compares micro-batches
+per step, all-reduce dtypes and PowerSGD compression side by side, with the bytes sent per
+step and the step time a compute + bytes / rate model predicts. About 3 minutes on 2 cores
+at 128 px.
 
 ``detect`` (:mod:`benchmarks.detect`): ``detect(images)`` end to end on the Keras model, each
 exported artifact (SavedModel, ONNX, TFLite float32 / float16 / int8) and OpenCV dnn on the
@@ -313,10 +314,11 @@ def _add_scaling(subparsers):
         "--settings",
         nargs="+",
         type=argument_type(_setting),
-        default=[(1, "float32")],
-        metavar="K:DTYPE",
-        help="worker runs to compare: K micro-batches per optimizer step (--accumulate) and "
-        "the all-reduce dtype (float32, bfloat16, float16); default 1:float32",
+        default=[(1, "float32", 0)],
+        metavar="K:DTYPE[:powersgdR]",
+        help="worker runs to compare: K micro-batches per optimizer step (--accumulate), "
+        "the all-reduce dtype (float32, bfloat16, float16) and optionally PowerSGD of rank R "
+        "(--compress powersgd --rank R); default 1:float32",
     )
     parser.set_defaults(handler=_run_scaling)
 
@@ -331,10 +333,17 @@ def _link_rate(text):
 def _setting(text):
     from yolo3.communication import check_allreduce_dtype  # noqa: PLC0415
 
-    accumulate, _, dtype = text.partition(":")
+    accumulate, _, rest = text.partition(":")
+    dtype, _, compress = rest.partition(":")
     if not accumulate.isdigit() or int(accumulate) < 1:
         raise ValueError(f"{text!r}: use K:DTYPE, K >= 1 micro-batches, e.g. 8:bfloat16")
-    return int(accumulate), check_allreduce_dtype(dtype or "float32")
+    rank = compress.removeprefix("powersgd")
+    if compress and (not compress.startswith("powersgd") or not rank.isdigit() or rank == "0"):
+        raise ValueError(
+            f"{text!r}: the third part is powersgdR, PowerSGD of rank R >= 1, e.g. "
+            "1:float32:powersgd4"
+        )
+    return int(accumulate), check_allreduce_dtype(dtype or "float32"), int(rank or 0)
 
 
 def _run_detect(args):
