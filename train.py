@@ -170,6 +170,28 @@ def build_parser():
         help="rank of the PowerSGD factors (higher: closer to the full gradient, more bytes)",
     )
     dev.add_argument(
+        "--local-steps",
+        type=int,
+        default=defaults.local_steps,
+        metavar="H",
+        help="no all-reduce in the step: each replica trains alone and every H optimizer "
+        "steps they average their weight changes (in --allreduce-dtype), and fully at epoch "
+        "ends and backups. Not with --compress or --sync-bn on",
+    )
+    dev.add_argument(
+        "--outer-lr",
+        type=float,
+        default=defaults.outer_lr,
+        help="learning rate of the outer step at each --local-steps synchronisation "
+        "(1 with --outer-momentum 0: plain averaging; DiLoCo uses 0.7)",
+    )
+    dev.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=defaults.outer_momentum,
+        help="Nesterov momentum of the outer step, in [0, 1) (DiLoCo uses 0.9)",
+    )
+    dev.add_argument(
         "--collective-timeout",
         type=float,
         default=defaults.collective_timeout,
@@ -286,6 +308,9 @@ def config_from_args(args):
         allreduce_dtype=args.allreduce_dtype,
         compress=args.compress,
         rank=args.rank,
+        local_steps=args.local_steps,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
         collective_timeout=args.collective_timeout,
         bytes_per_pack=args.bytes_per_pack,
         slurm_port_base=args.slurm_port_base,

@@ -6,6 +6,8 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
   plus the full training state for ``--resume``; written by the chief worker only.
 - :class:`WorkerBackup`: per-worker backups; a killed job resumes when started again, from
   the newest step every worker has.
+- :class:`LocalSync`: with ``--local-steps``, averages the replicas every H steps, and
+  fully (optimizer state too) at epoch ends and before backups.
 - :class:`Preemption`: SIGTERM stops every worker after the same step, with a backup there.
 - :class:`Throughput`: images/s and the time each step waited for input.
 - :class:`ProgressLines`: plain progress lines for a log file, in place of the progress bar.
@@ -19,6 +21,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 from .backup import WorkerBackup
 from .checkpoint import TemplateCheckpoint, read_training_state
 from .evaluation import MapEvaluation
+from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .schedule import FreezeSchedule, PlateauScale
@@ -26,6 +29,7 @@ from .schedule import FreezeSchedule, PlateauScale
 __all__ = [
     "FreezeSchedule",
     "LearningRateLogger",
+    "LocalSync",
     "MapEvaluation",
     "PREEMPTED_STATUS",
     "PlateauScale",

@@ -129,14 +129,22 @@ class WorkerBackup(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
-    def on_train_batch_end(self, batch, logs=None):
-        done = batch + 1  # steps of this epoch, those before a mid-epoch resume included
+    def _done(self, batch):
+        """Steps of this epoch after ``batch``, those before a mid-epoch resume included."""
+        done = batch + 1
         if self.restored is not None and self.epoch == self.restored.epoch:
             done += self.restored.batch
-        step = self.epoch * self.steps_per_epoch + done
+        return done
+
+    def saves_after(self, batch):
+        """Whether a backup is saved at the end of ``batch`` (of the epoch under way)."""
+        step = self.epoch * self.steps_per_epoch + self._done(batch)
         stopping = getattr(self.model, "stop_requested", False)
-        if stopping or (self.every_steps and step % self.every_steps == 0):
-            self._save(self.epoch, done)
+        return bool(stopping or (self.every_steps and step % self.every_steps == 0))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.saves_after(batch):
+            self._save(self.epoch, self._done(batch))
 
     def on_epoch_end(self, epoch, logs=None):
         if getattr(self.model, "stop_requested", False):

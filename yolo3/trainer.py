@@ -26,6 +26,7 @@ from yolo3.compression import (
     compressible,
     install_powersgd_reducer,
 )
+from yolo3.local_steps import LocalStepsState, check_local_steps, install_local_reducer
 from yolo3.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model import head_layer_names
 from yolo3.multiscale import resize_batch
@@ -207,6 +208,13 @@ class YoloTrainer(keras.Model):
             saved with the trainer) under the strategy's scope. Once per optimizer step, so
             with ``accumulate`` the summed micro-batches are compressed together.
         rank: the factors' rank with ``compress="powersgd"``.
+        local_steps: None, or ``H``: no all-reduce in the step; each replica applies its
+            own gradient, and :class:`yolo3.callbacks.LocalSync` synchronises the replicas
+            every ``H`` optimizer steps (:mod:`yolo3.local_steps`). ``compile`` builds the
+            state (``trainer.local_state``, saved with the trainer) under the strategy's
+            scope, from the body's current weights.
+        outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
+            averaging; DiLoCo's Nesterov momentum otherwise).
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -229,6 +237,9 @@ class YoloTrainer(keras.Model):
         allreduce_dtype="float32",
         compress="none",
         rank=4,
+        local_steps=None,
+        outer_lr=1.0,
+        outer_momentum=0.0,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
@@ -238,6 +249,15 @@ class YoloTrainer(keras.Model):
         self.allreduce_dtype = check_allreduce_dtype(allreduce_dtype)
         self.compress, self.rank = check_compression(compress, rank)
         self.powersgd = None  # PowerSGDState, built by compile()
+        self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
+            local_steps, outer_lr, outer_momentum
+        )
+        if self.local_steps is not None and self.compress != "none":
+            raise ValueError(
+                "--local-steps and --compress powersgd are two answers to one problem: the "
+                "synchronisation of --local-steps sends whole weights; pick one"
+            )
+        self.local_state = None  # LocalStepsState, built by compile()
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -268,6 +288,16 @@ class YoloTrainer(keras.Model):
                 kernels = compressible(self.body.weights, self.rank)
                 self.powersgd = PowerSGDState(kernels, self.rank)
             install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
+        elif self.local_steps is not None:
+            if self.local_state is None:
+                self.local_state = LocalStepsState(
+                    self.body.weights,
+                    self.local_steps,
+                    outer_lr=self.outer_lr,
+                    outer_momentum=self.outer_momentum,
+                    allreduce_dtype=self.allreduce_dtype,
+                )
+            install_local_reducer(self.optimizer)
         elif self.allreduce_dtype != "float32":
             install_gradient_reducer(self.optimizer, self.allreduce_dtype)
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
-from yolo3 import communication, devices, distribute, fileio, multiscale, records
+from yolo3 import communication, devices, distribute, fileio, local_steps, multiscale, records
 from yolo3 import data as yolo_data
 from yolo3.communication import ALLREDUCE_DTYPES
 from yolo3.compression import COMPRESSIONS, FLOAT16_REFUSAL, powersgd_bytes
@@ -85,6 +85,9 @@ class TrainConfig:
     allreduce_dtype: str = "float32"  # yolo3.communication
     compress: str = "none"  # yolo3.compression: "powersgd" sends low-rank factors
     rank: int = 4  # the factors' rank with compress="powersgd"
+    local_steps: int | None = None  # yolo3.local_steps: optimizer steps between syncs
+    outer_lr: float = 1.0  # the outer step of each synchronisation (1, 0: averaging)
+    outer_momentum: float = 0.0
     collective_timeout: float | None = None  # seconds; None waits forever
     bytes_per_pack: int = 0  # 0: TensorFlow decides
     slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
@@ -124,6 +127,12 @@ class TrainConfig:
             ),
             (self.compress in COMPRESSIONS, f"--compress: one of {COMPRESSIONS}"),
             (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
+            (
+                self.local_steps is None or self.local_steps >= 1,
+                "--local-steps must be >= 1 (optimizer steps between synchronisations)",
+            ),
+            (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
+            (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,
                 "--collective-timeout must be a positive number of seconds",
@@ -269,7 +278,16 @@ def _accumulate_text(config):
 
 
 def _allreduce_text(config, body):
-    """The all-reduce's dtype, and with compression the bytes it saves."""
+    """The all-reduce's dtype, and with compression or local steps the bytes it sends."""
+    if config.local_steps is not None:
+        sent = local_steps.sync_bytes(body.weights, config.allreduce_dtype)
+        outer = "averaging"
+        if config.outer_lr != 1.0 or config.outer_momentum:
+            outer = f"outer lr {config.outer_lr:g}, Nesterov momentum {config.outer_momentum:g}"
+        return (
+            f"none in the step; weight changes every {config.local_steps} steps in "
+            f"{config.allreduce_dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
+        )
     if config.compress == "none":
         return config.allreduce_dtype
     weights = body.trainable_weights
@@ -335,7 +353,18 @@ def run(config, *, log=print):
             f"{config.anchors} has {len(anchors)}"
         )
     anchor_masks = default_anchor_masks(len(anchors))
-    sync_bn = replicas > 1 if config.sync_bn is None else config.sync_bn
+    if config.local_steps is not None and config.compress != "none":
+        raise ValueError(
+            "--local-steps and --compress powersgd both cut the all-reduce: pick one "
+            "(--local-steps sends whole weight changes, every H steps)"
+        )
+    if config.local_steps is not None and config.sync_bn:
+        raise ValueError(
+            "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
+            "use --sync-bn off (each synchronisation averages the batch-norm statistics)"
+        )
+    local = config.local_steps is not None
+    sync_bn = replicas > 1 and not local if config.sync_bn is None else config.sync_bn
     jit_compile = devices.choose_jit_compile(
         config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
     )
@@ -387,6 +416,9 @@ def run(config, *, log=print):
             allreduce_dtype=config.allreduce_dtype,
             compress=config.compress,
             rank=config.rank,
+            local_steps=config.local_steps,
+            outer_lr=config.outer_lr,
+            outer_momentum=config.outer_momentum,
         )
         lr_schedule = WarmupSchedule(
             peak_lr,
@@ -591,7 +623,13 @@ def _callbacks(
         global_batch, clock, log=epoch_log if info.is_chief else None
     )
     nonfinite = yolo_callbacks.StopOnNonFinite()
-    ordered = [preemption]
+    # First: a synchronisation before anything reads or saves the weights.
+    ordered = (
+        []
+        if trainer.local_state is None
+        else [yolo_callbacks.LocalSync(trainer.local_state, backup)]
+    )
+    ordered.append(preemption)
     if config.freeze_body:
         names = frozen_layer_names(body, model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))

@@ -1,0 +1,47 @@
+"""Synchronises the replicas of a ``--local-steps`` run between train steps."""
+
+import keras
+
+
+class LocalSync(keras.callbacks.Callback):
+    """Every ``H`` optimizer steps, the replicas average their weight changes
+    (:meth:`yolo3.local_steps.LocalStepsState.synchronize`).
+
+    At the end of each epoch (before validation, mAP and the checkpoints) and after any
+    step that ``backup`` saves, the synchronisation is a full one: the inner optimizer's
+    state is averaged too, so that what is saved is one state for every replica and a
+    resumed run continues as the uninterrupted one. Runs before the callbacks that save.
+
+    Args:
+        state: the trainer's :class:`yolo3.local_steps.LocalStepsState`.
+        backup: the run's :class:`WorkerBackup` (its saving steps), or None.
+        epoch_ends: False: no synchronisation at epoch ends, only every H steps (a
+            benchmark's epochs are timing windows; a training run's must synchronise).
+    """
+
+    def __init__(self, state, backup=None, *, epoch_ends=True):
+        super().__init__()
+        self.state = state
+        self.backup = backup
+        self.epoch_ends = epoch_ends
+        self.synchronisations = 0
+
+    def _strategy(self):
+        return self.model.distribute_strategy
+
+    def on_train_begin(self, logs=None):
+        # At the start and after a restore the replicas hold the same weights.
+        if self.epoch_ends or self.synchronisations == 0:
+            self.state.reset(self._strategy())
+
+    def on_train_batch_end(self, batch, logs=None):
+        due = self.state.step_done()
+        full = (self.epoch_ends and batch + 1 == self.params.get("steps")) or (
+            self.backup is not None and self.backup.saves_after(batch)
+        )
+        if full:
+            self.state.synchronize(self._strategy(), self.model.optimizer.variables)
+        elif due:
+            self.state.synchronize(self._strategy())
+        if full or due:
+            self.synchronisations += 1

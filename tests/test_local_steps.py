@@ -1,0 +1,302 @@
+"""Local steps (``--local-steps H``): the synchronisation against NumPy, the trainer against
+ordinary training, and train.py on two workers and across a resume.
+
+In-process tests run on the test session's four logical CPU replicas; train.py runs in
+processes of its own (two workers, or two replicas).
+"""
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import SMALL_ANCHORS, random_boxes, tiny_model
+from test_compression import _max_difference, _wait, _worker
+from test_compression import setup as setup  # noqa: F401 (the records fixture)
+from test_train_distributed import _launch, _run, _sgd_args, _weights
+from train_helpers import SIZE, small_record_set, train_args
+
+import train
+from yolo3 import training
+from yolo3.callbacks import LocalSync
+from yolo3.local_steps import LocalStepsState, local_reducer, sync_bytes
+from yolo3.trainer import YoloTrainer
+
+REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
+
+
+@pytest.fixture(scope="module")
+def strategy(four_replicas):
+    return four_replicas
+
+
+def _set_per_replica(strategy, variable, values):
+    """Gives each replica's copy of a mirrored ``variable`` its own value."""
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(values[context.replica_id_in_sync_group])
+    )
+
+    @tf.function
+    def assign():
+        strategy.extended.update(variable, lambda v, x: v.assign(x), args=(per_replica,))
+
+    assign()
+
+
+def _copies(strategy, variable):
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return [np.asarray(c) for c in strategy.experimental_local_results(value)]
+
+
+class Weights:
+    """A trainable and a non-trainable (batch-norm-like) weight under ``strategy``."""
+
+    def __init__(self, strategy, **outer):
+        with strategy.scope():
+            self.kernel = keras.Variable(np.zeros((3, 2)), dtype="float64", name="kernel")
+            self.stat = keras.Variable(
+                np.ones((2,)), dtype="float64", trainable=False, name="moving_mean"
+            )
+            self.slot = keras.Variable(np.zeros((3, 2)), dtype="float64", name="slot")
+            self.state = LocalStepsState([self.kernel, self.stat], 2, **outer)
+        self.strategy = strategy
+        self.state.reset(strategy)
+
+
+def test_plain_averaging_gives_every_replica_the_mean(strategy):
+    weights = Weights(strategy)
+    rng = np.random.default_rng(0)
+    kernels = [rng.normal(size=(3, 2)) for _ in range(REPLICAS)]
+    stats = [rng.uniform(0, 2, size=(2,)) for _ in range(REPLICAS)]
+    slots = [rng.normal(size=(3, 2)) for _ in range(REPLICAS)]
+    _set_per_replica(strategy, weights.kernel.value, kernels)
+    _set_per_replica(strategy, weights.stat.value, stats)
+    _set_per_replica(strategy, weights.slot.value, slots)
+    weights.state.synchronize(strategy)
+    for copy in _copies(strategy, weights.kernel):
+        np.testing.assert_allclose(copy, np.mean(kernels, axis=0), rtol=0, atol=1e-12)
+    for copy in _copies(strategy, weights.stat):
+        np.testing.assert_allclose(copy, np.mean(stats, axis=0), rtol=0, atol=1e-12)
+    # A plain synchronisation leaves the optimizer's state alone; a full one averages it.
+    for copy, own in zip(_copies(strategy, weights.slot), slots):
+        np.testing.assert_array_equal(copy, own)
+    weights.state.synchronize(strategy, [weights.slot])
+    for copy in _copies(strategy, weights.slot):
+        np.testing.assert_allclose(copy, np.mean(slots, axis=0), rtol=0, atol=1e-12)
+
+
+def test_nesterov_outer_steps_match_numpy(strategy):
+    lr, mu = 0.7, 0.9
+    weights = Weights(strategy, outer_lr=lr, outer_momentum=mu)
+    rng = np.random.default_rng(1)
+    anchor, buffer = np.zeros((3, 2)), np.zeros((3, 2))
+    for _ in range(3):
+        kernels = [anchor + rng.normal(0, 0.1, (3, 2)) for _ in range(REPLICAS)]
+        stats = [rng.uniform(0, 2, size=(2,)) for _ in range(REPLICAS)]
+        _set_per_replica(strategy, weights.kernel.value, kernels)
+        _set_per_replica(strategy, weights.stat.value, stats)
+        weights.state.synchronize(strategy)
+        # DiLoCo's outer step, by hand: the mean change is the outer gradient.
+        change = anchor - np.mean(kernels, axis=0)
+        buffer = mu * buffer + change
+        anchor = anchor - lr * (change + mu * buffer)
+        for copy in _copies(strategy, weights.kernel):
+            np.testing.assert_allclose(copy, anchor, rtol=0, atol=1e-12)
+        for copy in _copies(strategy, weights.stat):  # statistics: averaged, no outer step
+            np.testing.assert_allclose(copy, np.mean(stats, axis=0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        weights.state.momentum_buffers[0].read_value(), buffer, rtol=0, atol=1e-12
+    )
+
+
+def test_the_weight_change_travels_in_the_allreduce_dtype(strategy):
+    with strategy.scope():
+        kernel = keras.Variable(np.zeros((4,)), dtype="float32")
+        state = LocalStepsState([kernel], 1, allreduce_dtype="bfloat16")
+    state.reset(strategy)
+    # 1 + 2**-10 is not a bfloat16 number (8 bits of mantissa): the change arrives rounded.
+    values = [np.full((4,), 1 + 2.0**-10, np.float32)] * REPLICAS
+    _set_per_replica(strategy, kernel.value, values)
+    state.synchronize(strategy)
+    np.testing.assert_array_equal(_copies(strategy, kernel)[0], np.ones(4, np.float32))
+    assert sync_bytes([kernel], "bfloat16") == 8 and sync_bytes([kernel]) == 16
+
+
+def test_the_reducer_hands_each_replica_its_own_local_mean(strategy):
+    def replica():
+        context = tf.distribute.get_replica_context()
+        grad = tf.cast(context.replica_id_in_sync_group, tf.float32) / REPLICAS
+        return local_reducer([(grad, None), (None, None)])
+
+    outputs = strategy.run(tf.function(replica))
+    own = [float(g) for g in strategy.experimental_local_results(outputs[0][0])]
+    assert own == [0.0, 1.0, 2.0, 3.0]
+    assert outputs[1][0] is None
+
+
+def _batches(steps, batch):
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 1, (steps * batch, SIZE, SIZE, 3)).astype(np.float32)
+    boxes = random_boxes(rng, steps * batch, 4, SIZE, 2)
+    return images, boxes
+
+
+def _fit(strategy, local_steps, steps=3, **extra):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        trainer = YoloTrainer(
+            tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, local_steps=local_steps
+        )
+        trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=False)
+    images, boxes = _batches(steps, 2 * REPLICAS)
+    sync = None if local_steps is None else LocalSync(trainer.local_state)
+    trainer.fit(
+        images, boxes, batch_size=2 * REPLICAS, epochs=1, shuffle=False,
+        callbacks=[sync] if sync else [], verbose=0, **extra,
+    )  # fmt: skip
+    return trainer, sync
+
+
+def test_one_local_step_with_plain_averaging_equals_ordinary_training(strategy):
+    ordinary, _ = _fit(strategy, None)
+    local, sync = _fit(strategy, 1)
+    assert sync.synchronisations == 3
+    moved = 0.0
+    for a, b, start in zip(
+        ordinary.body.trainable_weights, local.body.trainable_weights, _start_weights()
+    ):
+        # SGD with momentum is linear: the mean of the replicas' updates is the update of
+        # the mean gradient, step after step.
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=2e-5)
+        moved = max(moved, float(np.max(np.abs(np.asarray(a) - start))))
+    assert moved > 1e-2  # it trained
+
+
+def _start_weights():
+    keras.utils.set_random_seed(0)
+    return [np.asarray(w) for w in tiny_model(size=SIZE).trainable_weights]
+
+
+def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy):
+    trainer, _ = _fit(strategy, 3, steps=2)  # 2 steps, H = 3: only the epoch end synchronised
+    kernel = trainer.body.trainable_weights[0]
+    copies = _copies(strategy, kernel)
+    for copy in copies[1:]:
+        np.testing.assert_array_equal(copy, copies[0])
+    state = trainer.local_state
+    # Two more local steps without the callback: each replica moves on its own.
+    images, boxes = _batches(2, 2 * REPLICAS)
+    trainer.fit(images, boxes, batch_size=2 * REPLICAS, epochs=1, shuffle=False, verbose=0)
+    copies = _copies(strategy, kernel)
+    assert max(float(np.max(np.abs(c - copies[0]))) for c in copies[1:]) > 1e-6
+    state.synchronize(strategy)
+    copies = _copies(strategy, kernel)
+    for copy in copies[1:]:
+        np.testing.assert_array_equal(copy, copies[0])
+
+
+def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
+    def make(momentum):
+        with strategy.scope():
+            trainer = YoloTrainer(
+                tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, local_steps=4,
+                outer_lr=0.7, outer_momentum=momentum,
+            )  # fmt: skip
+            trainer.compile(optimizer=keras.optimizers.SGD(0.01))
+        trainer.build((None, SIZE, SIZE, 3))
+        return trainer
+
+    saved = make(0.9)
+    assert not any("anchor" in v.name or "momentum_" in v.name for v in saved.weights)
+    rng = np.random.default_rng(0)
+    for buffer in saved.local_state.momentum_buffers:
+        buffer.assign(rng.normal(0, 1, buffer.shape).astype(np.float32))
+    saved.save_weights(tmp_path / "state.weights.h5")
+    loaded = make(0.9)
+    loaded.load_weights(tmp_path / "state.weights.h5")
+    for a, b in zip(saved.local_state.momentum_buffers, loaded.local_state.momentum_buffers):
+        np.testing.assert_array_equal(a.read_value(), b.read_value())
+    with pytest.raises(ValueError, match="--outer-momentum"):
+        make(0.0).load_weights(tmp_path / "state.weights.h5")
+    make(0.0).save_weights(tmp_path / "plain.weights.h5")
+    with pytest.raises(ValueError, match="--outer-momentum"):
+        make(0.9).load_weights(tmp_path / "plain.weights.h5")
+
+
+@pytest.mark.slow
+def test_two_workers_with_local_steps_end_identical(setup, tmp_path):
+    records, anchors, initial = setup
+    flags = ["--epochs", "1", "--steps-per-epoch", "3", "--flip", "0", "--sync-bn", "off"]
+    flags += ["--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
+    flags += ["--allreduce-dtype", "bfloat16"]
+    log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *flags))
+    assert "all-reduce none in the step; weight changes every 2 steps in bfloat16" in log
+    assert "outer lr 0.7, Nesterov momentum 0.9" in log
+    chief, _ = _weights(tmp_path / "dump/worker-0.npz")
+    other, _ = _weights(tmp_path / "dump/worker-1.npz")
+    from yolo3.model import tiny_yolo_body
+    from yolo3.weights import load_weights
+
+    start = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(start, initial)
+    assert _max_difference(chief, start.get_weights()) > 1e-2  # it trained
+    assert _max_difference(chief, other) == 0.0
+    config = training.read_config(str(tmp_path / "job/config.json"))
+    assert (config.local_steps, config.outer_lr, config.outer_momentum) == (2, 0.7, 0.9)
+    assert config.sync_bn is False
+    with h5py.File(tmp_path / "job/checkpoints/state.weights.h5", "r") as f:
+        buffers = f["layers/local_steps_state/vars"]
+        assert len(buffers) == len(start.weights) + 1  # and the outer step's settings
+        assert max(float(np.abs(buffers[k][()]).max()) for k in buffers) > 0
+
+
+@pytest.mark.slow
+def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_one(setup, tmp_path):
+    _, anchors, initial = setup
+    # One shard: the shards' order is drawn anew on each pass over the data, which changes
+    # which replica trains on which images after a restart. With one, each step's two
+    # halves are the same images in both runs.
+    records = small_record_set(tmp_path / "records", train=8, val=0, num_shards=1, noise=20)
+    # Three steps per epoch and H = 2: the first run stops at step 3, one step into a
+    # cycle, and its epoch-end save is a full synchronisation that the uninterrupted run
+    # makes at the same step. SGD with momentum: its slots are averaged there.
+    fixed = ["--steps-per-epoch", "3", "--flip", "0", "--shuffle-buffer", "1"]
+    fixed += ["--lr-schedule", "constant", "--sync-bn", "off", "--cpu-replicas", "2"]
+    fixed += ["--local-steps", "2", "--outer-lr", "0.8", "--outer-momentum", "0.5"]
+
+    def args(name, epochs, *extra):
+        return _sgd_args(
+            records, tmp_path / name, anchors, initial, "--epochs", str(epochs), *fixed, *extra
+        )
+
+    _wait(
+        [_worker(tmp_path / "whole", args("whole", 2)), _worker(tmp_path / "half", args("half", 1))]
+    )
+    _wait([_worker(tmp_path / "resumed", args("half", 2, "--resume"))])
+    weights, whole_dump = _weights(tmp_path / "whole/worker-0.npz")
+    resumed, resumed_dump = _weights(tmp_path / "resumed/worker-0.npz")
+    assert int(resumed_dump["step"]) == int(whole_dump["step"]) == 6
+    assert int(resumed_dump["epochs_this_run"]) == 1
+    difference = _max_difference(weights, resumed)
+    print(f"\nresumed vs uninterrupted: {difference:.1e}")
+    # Bitwise equal when measured: every saved state is one state for both replicas.
+    assert difference <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (("--local-steps", "0"), "--local-steps"),
+        (("--local-steps", "-3"), "--local-steps"),
+        (("--local-steps", "4", "--outer-lr", "0"), "--outer-lr"),
+        (("--local-steps", "4", "--outer-momentum", "1"), "--outer-momentum"),
+        (("--local-steps", "4", "--outer-momentum", "-0.1"), "--outer-momentum"),
+        (("--outer-momentum", "0.9"), "--local-steps"),
+        (("--local-steps", "4", "--compress", "powersgd"), "--compress"),
+        (("--local-steps", "4", "--sync-bn", "on"), "--sync-bn"),
+    ],
+)
+def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, named):
+    records, anchors, _ = setup
+    assert train.main(train_args(records, tmp_path, anchors, *flags)) == 2
+    assert named in capsys.readouterr().err
