@@ -22,7 +22,7 @@ ceiling: two independent processes training at once, without communication (core
 compute together share memory bandwidth and clock, so this is below 2 x one process).
 
 ``settings`` runs the workers once per (micro-batches per step, all-reduce dtype, PowerSGD
-rank or 0 for none) setting,
+rank or 0 for none, local steps H or 0 for none) setting,
 side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
 (a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
 too, in a network namespace whose loopback carries that rate. Each worker setting reports
@@ -52,9 +52,11 @@ from benchmarks import harness
 from benchmarks.link import RateLimitedLoopback, parse_rate
 from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import distribute, fileio
+from yolo3.callbacks import LocalSync
 from yolo3.communication import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
 from yolo3.compression import powersgd_bytes
 from yolo3.layers import SyncBatchNormalization
+from yolo3.local_steps import sync_bytes
 
 GOAL_EFFICIENCY = 0.90
 SYNC_BN_CHOICES = ("auto", "on", "off")
@@ -71,21 +73,29 @@ class ScalingConfig:
     sync_bn: str = "auto"  # on with more than one replica, as train.py
     timeout: float = 900.0  # seconds for one run, start-up included
     link: str = "none"  # a tc rate for the loopback (benchmarks.link), or none
-    # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank, 0: none]) of
-    # each multi-worker run
-    settings: tuple = ((1, "float32", 0),)
+    # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank[, local steps]],
+    # 0: none) of each multi-worker run
+    settings: tuple = ((1, "float32", 0, 0),)
 
     def __post_init__(self):
         parse_rate(self.link)
         if not self.settings:
             raise ValueError("--settings: give at least one K:DTYPE")
-        settings = tuple((*setting, 0)[:3] for setting in self.settings)
-        object.__setattr__(self, "settings", settings)  # every setting names its rank
-        for accumulate, dtype, rank in settings:
+        settings = tuple((*setting, 0, 0)[:4] for setting in self.settings)
+        object.__setattr__(self, "settings", settings)  # each names its rank and local steps
+        for accumulate, dtype, rank, local in settings:
             if accumulate < 1:
                 raise ValueError(f"--settings {accumulate}:{dtype}: K must be >= 1")
             if rank < 0:
                 raise ValueError(f"--settings {accumulate}:{dtype}:powersgd{rank}: rank >= 1")
+            if local < 0 or (local and rank):
+                raise ValueError(f"--settings {accumulate}:{dtype}:local{local}: H >= 1")
+            if local and self.step.steps % local:
+                # Every timed window then holds the same number of synchronisations.
+                raise ValueError(
+                    f"--settings {accumulate}:{dtype}:local{local}: --steps "
+                    f"{self.step.steps} must be a multiple of H"
+                )
             check_allreduce_dtype(dtype)
         if self.sync_bn not in SYNC_BN_CHOICES:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
@@ -148,7 +158,7 @@ def _environment(tf_config):
 
 
 def _run_job(
-    config, workers, directory, log, *, link, setting=(1, "float32", 0), independent=False
+    config, workers, directory, log, *, link, setting=(1, "float32", 0, 0), independent=False
 ):
     """Starts ``workers`` pinned processes and returns their results.
 
@@ -156,8 +166,8 @@ def _run_job(
     """
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
-    accumulate, dtype, rank = setting
-    job = {"accumulate": accumulate, "allreduce_dtype": dtype, "rank": rank}
+    accumulate, dtype, rank, local = setting
+    job = {"accumulate": accumulate, "allreduce_dtype": dtype, "rank": rank, "local_steps": local}
     fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
@@ -166,7 +176,8 @@ def _run_job(
             together = workers > 1 and not independent
             tf_config = distribute.tf_config(addresses, index) if together else None
             output = os.path.join(
-                directory, f"{workers}w-{accumulate}-{dtype}-{rank}-{independent}-{index}.log"
+                directory,
+                f"{workers}w-{accumulate}-{dtype}-{rank}-{local}-{independent}-{index}.log",
             )
             outputs.append(output)
             with open(output, "w", encoding="utf-8") as log_file:
@@ -197,7 +208,7 @@ def _run_job(
         label += ", independent"
     elif workers > 1:
         label += f", {accumulate} micro-batch{'es' if accumulate > 1 else ''}, {dtype}"
-        label += f", PowerSGD rank {rank}" if rank else ""
+        label += _setting_text(setting)
     log(f"  {label}: " + _describe(results, config))
     return results
 
@@ -253,8 +264,15 @@ def _describe(results, config):
 
 
 def _setting_key(setting):
-    accumulate, dtype, rank = setting
-    return f"workers_{accumulate}_{dtype}" + (f"_powersgd{rank}" if rank else "")
+    accumulate, dtype, rank, local = setting
+    key = f"workers_{accumulate}_{dtype}" + (f"_powersgd{rank}" if rank else "")
+    return key + (f"_local{local}" if local else "")
+
+
+def _setting_text(setting):
+    _, _, rank, local = setting
+    text = f", PowerSGD rank {rank}" if rank else ""
+    return text + (f", local steps H={local}" if local else "")
 
 
 def run_scaling(config, *, command="", log=print):
@@ -293,8 +311,10 @@ def run_scaling(config, *, command="", log=print):
                         config, config.workers, directory, log, link=link, setting=setting
                     )
                     runs[key] += _windows(results, config.step.batch_size)
-                    traffic[key] = results[0]["traffic"]
-                    result["sync_bn_workers"] = results[0]["sync_bn"]
+                    traffic[key] = {**results[0]["traffic"], "sync_bn": results[0]["sync_bn"]}
+                    # The report's line: local steps never synchronise batch norm.
+                    if not setting[3] or "sync_bn_workers" not in result:
+                        result["sync_bn_workers"] = results[0]["sync_bn"]
     batch, workers = config.step.batch_size, config.workers
     rows = {
         "single": harness.summarize(
@@ -320,10 +340,11 @@ def run_scaling(config, *, command="", log=print):
     }
     communication = {}
     bits_per_second = parse_rate(config.link)
-    for accumulate, dtype, rank in config.settings:
-        key = _setting_key((accumulate, dtype, rank))
+    for setting in config.settings:
+        accumulate, dtype = setting[:2]
+        key = _setting_key(setting)
         name = f"{workers} workers (MultiWorkerMirroredStrategy), K={accumulate}, {dtype}"
-        name += f", PowerSGD rank {rank}" if rank else ""
+        name += _setting_text(setting)
         rows[key] = harness.summarize(
             f"{name} (batch {batch} x {accumulate} each)", runs[key], workers
         )
@@ -367,6 +388,7 @@ def _communication(
         "bytes_per_image": per_step / images_per_step,
         "gradient_bytes": traffic["gradient_bytes"],
         "batch_norm_bytes": traffic["batch_norm_bytes"],
+        "sync_bn": traffic.get("sync_bn"),
         "bytes_on_link_per_step": on_link,
         "compute_seconds": compute_seconds,
         "measured_step_seconds": measured_seconds,
@@ -437,7 +459,8 @@ def _traffic(trainer, job, replicas):
     """Bytes one worker contributes to the collectives of one optimizer step.
 
     The gradient all-reduce once per step (with PowerSGD, its factors and the gradients it
-    leaves uncompressed); each synchronised batch norm once per
+    leaves uncompressed; with local steps, the weight changes once per H steps, as an
+    average per step); each synchronised batch norm once per
     micro-batch: a float32 all-gather of 4 statistics per channel forward and, backward,
     an all-reduce of the gathered ``replicas x 4`` per channel.
     """
@@ -448,10 +471,14 @@ def _traffic(trainer, job, replicas):
     )
     per_micro_batch = channels * 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
     variables, dtype, rank = trainer.trainable_variables, job["allreduce_dtype"], job["rank"]
+    if job["local_steps"]:
+        sent = sync_bytes(trainer.body.weights, dtype) / job["local_steps"]
+    elif rank:
+        sent = powersgd_bytes(variables, rank, dtype)
+    else:
+        sent = allreduce_bytes(variables, dtype)
     return {
-        "gradient_bytes": powersgd_bytes(variables, rank, dtype)
-        if rank
-        else allreduce_bytes(variables, dtype),
+        "gradient_bytes": sent,
         "batch_norm_bytes": per_micro_batch * job["accumulate"],
     }
 
@@ -475,6 +502,7 @@ def worker_main(argv):
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
     sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
+    sync_bn = sync_bn and not job["local_steps"]  # refused with local steps, as in train.py
     with strategy.scope():
         trainer, images, boxes = build_step(
             config.step,
@@ -484,7 +512,13 @@ def worker_main(argv):
             allreduce_dtype=job["allreduce_dtype"],
             compress="powersgd" if job["rank"] else "none",
             rank=job["rank"] or 4,
+            local_steps=job["local_steps"] or None,
         )
+    # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
+    # at epoch ends (the timed epochs are windows, not a run's epochs).
+    callbacks = []
+    if trainer.local_state is not None:
+        callbacks.append(LocalSync(trainer.local_state, epoch_ends=False))
 
     def dataset_fn(context):
         del context  # one in-memory batch per process, nothing to split
@@ -496,7 +530,14 @@ def worker_main(argv):
 
     data = strategy.distribute_datasets_from_function(dataset_fn)
     step = config.step
-    trainer.fit(data, epochs=1, steps_per_epoch=step.warmup_steps, verbose=0, shuffle=False)
+    trainer.fit(
+        data,
+        epochs=1,
+        steps_per_epoch=step.warmup_steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=callbacks,
+    )
     timer = WindowTimer()
     trainer.fit(
         data,
@@ -504,7 +545,7 @@ def worker_main(argv):
         steps_per_epoch=step.steps + 1,
         verbose=0,
         shuffle=False,
-        callbacks=[timer],
+        callbacks=[*callbacks, timer],
     )
     fileio.write_json(
         result_path,

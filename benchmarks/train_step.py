@@ -160,13 +160,14 @@ def build_step(
     allreduce_dtype="float32",
     compress="none",
     rank=4,
+    local_steps=None,
 ):
     """A compiled trainer, as ``yolo3.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
     ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate``,
-    ``allreduce_dtype``, ``compress`` and ``rank`` go to the trainer. Layers take the global
-    dtype policy.
+    ``allreduce_dtype``, ``compress``, ``rank`` and ``local_steps`` go to the trainer.
+    Layers take the global dtype policy.
 
     Returns:
         ``(trainer, images, boxes)``: ``images`` (B, S, S, 3) uint8 of generated shapes and
@@ -196,6 +197,7 @@ def build_step(
         allreduce_dtype=allreduce_dtype,
         compress=compress,
         rank=rank,
+        local_steps=local_steps,
     )
     # train.py's kind of schedule; the rate it gives does not change the cost of a step.
     schedule = WarmupSchedule(1e-3, warmup_steps=1000, total_steps=100000, scale=trainer.lr_scale)

@@ -269,6 +269,7 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
     argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16", "1:float32:powersgd2"]
+    argv += ["1:bfloat16:local2"]  # --steps 2: one synchronisation per timed window
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
@@ -276,7 +277,9 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert re.search(r"^scaling efficiency, 2 workers .*K=2, bfloat16 .* >= 90% +(PASS|MISS)$",
                      output, re.M)  # fmt: skip
     keys = ("single", "independent", "workers_1_float32", "workers_2_bfloat16")
-    saved = _check_json(json_path, (*keys, "workers_1_float32_powersgd2"))
+    saved = _check_json(
+        json_path, (*keys, "workers_1_float32_powersgd2", "workers_1_bfloat16_local2")
+    )
     assert saved["ratios"]["ceiling"]["passed"] is None  # informative
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
     plain, tuned = (saved["communication"][k] for k in ("workers_1_float32", "workers_2_bfloat16"))
@@ -288,7 +291,13 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert compressed["gradient_bytes"] < plain["gradient_bytes"] / 50
     assert compressed["batch_norm_bytes"] == plain["batch_norm_bytes"]
     assert "PowerSGD rank 2" in compressed["label"]
-    for figures in (plain, tuned, compressed):
+    local = saved["communication"]["workers_1_bfloat16_local2"]
+    # Every weight (batch-norm statistics too) in bfloat16 once per two steps, and no
+    # synchronised batch norm.
+    assert plain["gradient_bytes"] / 4 < local["gradient_bytes"] < plain["gradient_bytes"] / 3
+    assert local["batch_norm_bytes"] == 0 and local["sync_bn"] is False
+    assert "local steps H=2" in local["label"]
+    for figures in (plain, tuned, compressed, local):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
     assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
 
@@ -357,9 +366,11 @@ def test_link_rates_and_settings_are_checked(capsys, monkeypatch):
     assert "K:DTYPE" in capsys.readouterr().err
     assert tool.main(["scaling", "--settings", "4:int8"]) == 2
     assert "--allreduce-dtype" in capsys.readouterr().err
-    for bad in ("1:float32:powersgd0", "1:float32:zip4", "1:float32:powersgd"):
+    for bad in ("1:float32:powersgd0", "1:float32:zip4", "1:float32:powersgd", "1:float32:local0"):
         assert tool.main(["scaling", "--settings", bad]) == 2
         assert "powersgdR" in capsys.readouterr().err
+    assert tool.main(["scaling", "--steps", "6", "--settings", "1:bfloat16:local4"]) == 2
+    assert "--steps 6 must be a multiple of H" in capsys.readouterr().err
     # Without root the shaped link cannot be made: one line and status 2, nothing started.
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert tool.main(["scaling", *SMALL_STEP, "--link", "100mbit"]) == 2

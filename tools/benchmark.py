@@ -4,7 +4,7 @@
     python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
-        [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4]
+        [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4 1:bfloat16:local16]
     python tools/benchmark.py detect [--models tiny yolov3] [--weights W --records R]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
@@ -24,7 +24,7 @@ for each ``--remat`` setting, one process each.
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
 core with one thread; the scaling efficiency. ``--link RATE`` runs every process in a
 private network namespace whose loopback is rate-limited with tc (root and iproute2;
-exit status 2 without them); ``--settings K:DTYPE[:powersgdR] ...`` compares micro-batches
+exit status 2 without them); ``--settings K:DTYPE[:powersgdR|:localH] ...`` compares micro-batches
 per step, all-reduce dtypes and PowerSGD compression side by side, with the bytes sent per
 step and the step time a compute + bytes / rate model predicts. About 3 minutes on 2 cores
 at 128 px.
@@ -314,11 +314,13 @@ def _add_scaling(subparsers):
         "--settings",
         nargs="+",
         type=argument_type(_setting),
-        default=[(1, "float32", 0)],
-        metavar="K:DTYPE[:powersgdR]",
+        default=[(1, "float32", 0, 0)],
+        metavar="K:DTYPE[:powersgdR|:localH]",
         help="worker runs to compare: K micro-batches per optimizer step (--accumulate), "
         "the all-reduce dtype (float32, bfloat16, float16) and optionally PowerSGD of rank R "
-        "(--compress powersgd --rank R); default 1:float32",
+        "(--compress powersgd --rank R) or H local steps between synchronisations "
+        "(--local-steps H, plain averaging; --steps must be a multiple of H); default "
+        "1:float32",
     )
     parser.set_defaults(handler=_run_scaling)
 
@@ -334,16 +336,20 @@ def _setting(text):
     from yolo3.communication import check_allreduce_dtype  # noqa: PLC0415
 
     accumulate, _, rest = text.partition(":")
-    dtype, _, compress = rest.partition(":")
+    dtype, _, method = rest.partition(":")
     if not accumulate.isdigit() or int(accumulate) < 1:
         raise ValueError(f"{text!r}: use K:DTYPE, K >= 1 micro-batches, e.g. 8:bfloat16")
-    rank = compress.removeprefix("powersgd")
-    if compress and (not compress.startswith("powersgd") or not rank.isdigit() or rank == "0"):
+    rank = local = 0
+    for prefix in ("powersgd", "local"):
+        number = method.removeprefix(prefix)
+        if method.startswith(prefix) and number.isdigit() and int(number) >= 1:
+            rank, local = (int(number), 0) if prefix == "powersgd" else (0, int(number))
+    if method and not (rank or local):
         raise ValueError(
-            f"{text!r}: the third part is powersgdR, PowerSGD of rank R >= 1, e.g. "
-            "1:float32:powersgd4"
+            f"{text!r}: the third part is powersgdR (PowerSGD of rank R >= 1) or localH "
+            "(H >= 1 local steps between synchronisations), e.g. 1:float32:powersgd4"
         )
-    return int(accumulate), check_allreduce_dtype(dtype or "float32"), int(rank or 0)
+    return int(accumulate), check_allreduce_dtype(dtype or "float32"), rank, local
 
 
 def _run_detect(args):
