@@ -369,3 +369,26 @@ def test_upstream_keras_still_fails_without_the_patch(problem, tmp_path):
         errors = json.loads(path.read_text())
         assert "PerReplica" in errors["fit"], errors
         assert "reduction dimension 0" in errors["reduce_per_replica"], errors
+
+
+def test_logs_are_averaged_over_the_replicas_a_dtype_at_a_time(four_replicas):
+    # Several replicas per worker (several GPUs on each machine) hand the reduction
+    # per-replica values, stacked here replica by replica; on the test's logical CPUs the
+    # mirrored strategy's reduce stands in for the multi-worker one.
+    def replica():
+        index = tf.distribute.get_replica_context().replica_id_in_sync_group
+        value = tf.cast(index, tf.float32)
+        return {
+            "loss": value,
+            "terms": (2.0 * value, value * value),
+            "wait": tf.cast(index, tf.float64),
+        }
+
+    @tf.function
+    def step():
+        return keras_mwms._mean_over_replicas(four_replicas.run(replica), four_replicas)
+
+    logs = step()
+    assert float(logs["loss"]) == 1.5 and float(logs["wait"]) == 1.5
+    assert [float(term) for term in logs["terms"]] == [3.0, 3.5]
+    assert logs["wait"].dtype == tf.float64
