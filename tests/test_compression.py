@@ -273,6 +273,21 @@ def _saved_state(path):
         return {key: group[key][()] for key in group}
 
 
+def assert_trained_alike(dump, initial):
+    """Both workers' dumped weights moved away from ``initial`` and are bitwise equal;
+    returns the template model with the initial weights."""
+    from yolo3.model import tiny_yolo_body
+    from yolo3.weights import load_weights
+
+    chief, _ = _weights(dump / "worker-0.npz")
+    other, _ = _weights(dump / "worker-1.npz")
+    start = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(start, initial)
+    assert _max_difference(chief, start.get_weights()) > 1e-2  # it trained
+    assert _max_difference(chief, other) == 0.0
+    return start
+
+
 @pytest.mark.slow
 def test_two_workers_with_powersgd_end_identical(setup, tmp_path):
     records, anchors, initial = setup
@@ -282,15 +297,7 @@ def test_two_workers_with_powersgd_end_identical(setup, tmp_path):
     log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *flags))
     assert "2 replicas x 4 x 2 micro-batches = global batch 16" in log
     assert "all-reduce float32 + PowerSGD rank 2 (0.19 MB per step per worker" in log
-    chief, _ = _weights(tmp_path / "dump/worker-0.npz")
-    other, _ = _weights(tmp_path / "dump/worker-1.npz")
-    from yolo3.model import tiny_yolo_body
-    from yolo3.weights import load_weights
-
-    start = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
-    load_weights(start, initial)
-    assert _max_difference(chief, start.get_weights()) > 1e-2  # it trained
-    assert _max_difference(chief, other) == 0.0
+    assert_trained_alike(tmp_path / "dump", initial)
     config = training.read_config(str(tmp_path / "job/config.json"))
     assert (config.compress, config.rank, config.accumulate) == ("powersgd", 2, 2)
     # The chief's state holds Q and the mean error buffer (of both workers' replicas).

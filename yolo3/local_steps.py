@@ -132,7 +132,7 @@ class LocalStepsState(keras.layers.Layer):
         on_read = tf.VariableSynchronization.ON_READ
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
-        def copy(weight, name, initial):
+        def per_replica(name, initial):
             return tf.Variable(
                 initial,
                 trainable=False,
@@ -142,13 +142,13 @@ class LocalStepsState(keras.layers.Layer):
             )
 
         anchors = tuple(
-            copy(w, f"anchor_{i}", tf.identity(_distributed(w).read_value()))
+            per_replica(f"anchor_{i}", tf.identity(_distributed(w).read_value()))
             for i, w in enumerate(self._weights_synced)
         )
         buffers = ()
         if self.outer_momentum > 0:
             buffers = tuple(
-                copy(w, f"momentum_{i}", tf.zeros(w.shape, w.dtype))
+                per_replica(f"momentum_{i}", tf.zeros(w.shape, w.dtype))
                 for i, w in enumerate(self._weights_synced)
             )
         # Kept in a tuple: plain tf.Variables that Keras does not collect as weights.
