@@ -164,10 +164,6 @@ class LocalStepsState(keras.layers.Layer):
     def momentum_buffers(self):
         return self._state[1]
 
-    @property
-    def synced_weights(self):
-        return list(self._weights_synced)
-
     # -- the synchronisation ------------------------------------------------------------
 
     def step_done(self):
