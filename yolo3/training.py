@@ -353,11 +353,6 @@ def run(config, *, log=print):
             f"{config.anchors} has {len(anchors)}"
         )
     anchor_masks = default_anchor_masks(len(anchors))
-    if config.local_steps is not None and config.compress != "none":
-        raise ValueError(
-            "--local-steps and --compress powersgd both cut the all-reduce: pick one "
-            "(--local-steps sends whole weight changes, every H steps)"
-        )
     if config.local_steps is not None and config.sync_bn:
         raise ValueError(
             "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
