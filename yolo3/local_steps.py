@@ -92,7 +92,7 @@ def _is_float(variable):
 
 def _tensor(variable):
     """This replica's copy of ``variable`` as a tensor on its device."""
-    return tf.identity(variable.value if isinstance(variable, keras.Variable) else variable)
+    return tf.identity(_distributed(variable))
 
 
 def _distributed(variable):
@@ -237,10 +237,8 @@ class LocalStepsState(keras.layers.Layer):
                 value = anchor - tf.constant(self.outer_lr, mean.dtype) * (
                     mean + momentum * velocity
                 )
-            elif self.outer_lr != 1.0:
+            else:  # outer_lr 1 (plain averaging): the mean of the replicas' weights
                 value = anchor - tf.constant(self.outer_lr, mean.dtype) * mean
-            else:
-                value = anchor - mean
             self.anchors[index].assign(value)
             new_values.append(value)
         if slots:
