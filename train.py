@@ -192,6 +192,15 @@ def build_parser():
         help="Nesterov momentum of the outer step, in [0, 1) (DiLoCo uses 0.9)",
     )
     dev.add_argument(
+        "--dense-steps",
+        type=int,
+        default=defaults.dense_steps,
+        metavar="N",
+        help="with --compress or --local-steps: the first N optimizer steps all-reduce the "
+        "whole gradient, as ordinary training does, before they take over (a warm-up that "
+        "keeps the accuracy of the uncompressed run; about one epoch)",
+    )
+    dev.add_argument(
         "--collective-timeout",
         type=float,
         default=defaults.collective_timeout,
@@ -311,6 +320,7 @@ def config_from_args(args):
         local_steps=args.local_steps,
         outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum,
+        dense_steps=args.dense_steps,
         collective_timeout=args.collective_timeout,
         bytes_per_pack=args.bytes_per_pack,
         slurm_port_base=args.slurm_port_base,

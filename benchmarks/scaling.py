@@ -34,6 +34,7 @@ gradient, and all of it crosses the one shaped loopback).
 Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT.json``.
 """
 
+import collections
 import dataclasses
 import json
 import os
@@ -294,6 +295,7 @@ def run_scaling(config, *, command="", log=print):
     runs = {"single": [], "independent": []}
     runs.update({_setting_key(setting): [] for setting in config.settings})
     traffic = {}
+    sync_seconds = collections.defaultdict(list)  # local steps: every synchronisation's time
     with tempfile.TemporaryDirectory(prefix="yolo3-scaling-") as directory:
         with RateLimitedLoopback(config.link) as link:
             for round_index in range(config.rounds):
@@ -312,6 +314,7 @@ def run_scaling(config, *, command="", log=print):
                     )
                     runs[key] += _windows(results, config.step.batch_size)
                     traffic[key] = {**results[0]["traffic"], "sync_bn": results[0]["sync_bn"]}
+                    sync_seconds[key] += [t for r in results for t in r["sync_seconds"]]
                     # The report's line: local steps never synchronise batch norm.
                     if not setting[3] or "sync_bn_workers" not in result:
                         result["sync_bn_workers"] = results[0]["sync_bn"]
@@ -363,6 +366,8 @@ def run_scaling(config, *, command="", log=print):
             compute_seconds=accumulate * batch / single["images_per_second"],
             measured_seconds=statistics.median(run["step_seconds"] for run in runs[key]),
             bits_per_second=bits_per_second,
+            local_steps=setting[3],
+            sync_seconds=sync_seconds[key],
         )
         communication[key]["label"] = name
     result["rows"] = rows
@@ -373,9 +378,21 @@ def run_scaling(config, *, command="", log=print):
 
 
 def _communication(
-    traffic, *, workers, images_per_step, compute_seconds, measured_seconds, bits_per_second
+    traffic,
+    *,
+    workers,
+    images_per_step,
+    compute_seconds,
+    measured_seconds,
+    bits_per_second,
+    local_steps=0,
+    sync_seconds=(),
 ):
-    """Bytes all-reduced per step and per image; the step time the link model predicts."""
+    """Bytes all-reduced per step and per image; the step time the link model predicts.
+
+    With local steps also one synchronisation's time: the median of every worker's
+    ``sync_seconds``, and the link model's figure for its bytes.
+    """
     per_step = traffic["gradient_bytes"] + traffic["batch_norm_bytes"]
     # A ring all-reduce: each worker sends 2 (W - 1) / W of the tensor; on the shaped
     # loopback every worker's bytes cross the same device.
@@ -383,7 +400,14 @@ def _communication(
     predicted = None
     if bits_per_second:
         predicted = compute_seconds + 8 * on_link / bits_per_second
+    sync = None
+    if local_steps and sync_seconds:
+        sync = {"measured_seconds": statistics.median(sync_seconds), "predicted_seconds": None}
+        if bits_per_second:
+            link_bytes = 2 * (workers - 1) * traffic["gradient_bytes"] * local_steps
+            sync["predicted_seconds"] = 8 * link_bytes / bits_per_second
     return {
+        "synchronisation": sync,
         "bytes_per_step": per_step,
         "bytes_per_image": per_step / images_per_step,
         "gradient_bytes": traffic["gradient_bytes"],
@@ -448,6 +472,15 @@ def format_scaling(result):
         "predicted: compute (1 process, same images) + bytes on the link x 8 / rate, a ring "
         "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback"
     )
+    for figures in result["communication"].values():
+        sync = figures.get("synchronisation")
+        if sync is None:
+            continue
+        predicted = sync["predicted_seconds"]
+        lines.append(
+            f"{figures['label']}: one synchronisation {sync['measured_seconds']:.2f} s "
+            f"(median), predicted {'-' if predicted is None else f'{predicted:.2f}'} s"
+        )
     return text + "\n" + "\n".join(lines)
 
 
@@ -517,8 +550,10 @@ def worker_main(argv):
     # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
     # at epoch ends (the timed epochs are windows, not a run's epochs).
     callbacks = []
+    sync = None
     if trainer.local_state is not None:
-        callbacks.append(LocalSync(trainer.local_state, epoch_ends=False))
+        sync = LocalSync(trainer.local_state, epoch_ends=False)
+        callbacks.append(sync)
 
     def dataset_fn(context):
         del context  # one in-memory batch per process, nothing to split
@@ -557,6 +592,8 @@ def worker_main(argv):
             "affinity": sorted(os.sched_getaffinity(0)),
             "accumulate": job["accumulate"],
             "traffic": _traffic(trainer, job, replicas) if replicas > 1 else None,
+            # Each synchronisation of local steps, waits for the other workers included.
+            "sync_seconds": [] if sync is None else sync.seconds,
         },
     )
     return 0

@@ -1,5 +1,7 @@
 """Synchronises the replicas of a ``--local-steps`` run between train steps."""
 
+import time
+
 import keras
 
 
@@ -25,6 +27,7 @@ class LocalSync(keras.callbacks.Callback):
         self.backup = backup
         self.epoch_ends = epoch_ends
         self.synchronisations = 0
+        self.seconds = []  # the wall-clock time of each synchronisation
 
     def _strategy(self):
         return self.model.distribute_strategy
@@ -35,13 +38,18 @@ class LocalSync(keras.callbacks.Callback):
             self.state.reset(self._strategy())
 
     def on_train_batch_end(self, batch, logs=None):
+        if getattr(self.model, "dense_phase", False):
+            return  # still all-reducing every step (--dense-steps): nothing to synchronise
         due = self.state.step_done()
         full = (self.epoch_ends and batch + 1 == self.params.get("steps")) or (
             self.backup is not None and self.backup.saves_after(batch)
         )
+        if not (full or due):
+            return
+        start = time.perf_counter()
         if full:
             self.state.synchronize(self._strategy(), self.model.optimizer.variables)
-        elif due:
+        else:
             self.state.synchronize(self._strategy())
-        if full or due:
-            self.synchronisations += 1
+        self.seconds.append(time.perf_counter() - start)
+        self.synchronisations += 1

@@ -141,20 +141,31 @@ def _batches(steps, batch):
     return images, boxes
 
 
-def _fit(strategy, local_steps, steps=3, **extra):
+def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, **extra):
+    """A tiny trainer on the four replicas, trained ``steps`` steps (by default of SGD with
+    momentum); ``options``: more of the trainer's arguments."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         trainer = YoloTrainer(
-            tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, local_steps=local_steps
+            tiny_model(size=SIZE),
+            anchors=SMALL_ANCHORS,
+            num_classes=2,
+            local_steps=local_steps,
+            **(options or {}),
         )
-        trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=False)
-    images, boxes = _batches(steps, 2 * REPLICAS)
+        optimizer = optimizer or keras.optimizers.SGD(0.05, momentum=0.9)
+        trainer.compile(optimizer=optimizer, jit_compile=False)
     sync = None if local_steps is None else LocalSync(trainer.local_state)
+    _more_steps(trainer, steps, sync, **extra)
+    return trainer, sync
+
+
+def _more_steps(trainer, steps, sync=None, **extra):
+    images, boxes = _batches(steps, 2 * REPLICAS)
     trainer.fit(
         images, boxes, batch_size=2 * REPLICAS, epochs=1, shuffle=False,
         callbacks=[sync] if sync else [], verbose=0, **extra,
     )  # fmt: skip
-    return trainer, sync
 
 
 def test_one_local_step_with_plain_averaging_equals_ordinary_training(strategy):
@@ -185,8 +196,7 @@ def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy
         np.testing.assert_array_equal(copy, copies[0])
     state = trainer.local_state
     # Two more local steps without the callback: each replica moves on its own.
-    images, boxes = _batches(2, 2 * REPLICAS)
-    trainer.fit(images, boxes, batch_size=2 * REPLICAS, epochs=1, shuffle=False, verbose=0)
+    _more_steps(trainer, 2)
     copies = _copies(strategy, kernel)
     assert max(float(np.max(np.abs(c - copies[0]))) for c in copies[1:]) > 1e-6
     state.synchronize(strategy)
@@ -292,3 +302,24 @@ def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, nam
     records, anchors, _ = setup
     assert train.main(train_args(records, tmp_path, anchors, *flags)) == 2
     assert named in capsys.readouterr().err
+
+
+def test_float16_mixed_precision_trains_and_synchronises(strategy):
+    # The loss-scale optimizer applies each replica's own update inside its finite-gradient
+    # conditional: with local steps the step holds no collective, so that is allowed. Its
+    # first steps overflow and are skipped while the scale comes down (from 2^15).
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        trainer, sync = _fit(strategy, 4, steps=8, optimizer=keras.optimizers.SGD(1e-3))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert sync.synchronisations == 2  # after step 4, and the full one at the epoch end
+    moved = 0.0
+    for weight, start in zip(trainer.body.trainable_weights, _start_weights()):
+        copies = _copies(strategy, weight)
+        assert np.all(np.isfinite(copies[0]))
+        for copy in copies[1:]:
+            np.testing.assert_array_equal(copy, copies[0])
+        moved = max(moved, float(np.max(np.abs(copies[0] - start))))
+    assert moved > 1e-4

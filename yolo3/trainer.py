@@ -215,6 +215,12 @@ class YoloTrainer(keras.Model):
             scope, from the body's current weights.
         outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
             averaging; DiLoCo's Nesterov momentum otherwise).
+        dense_steps: with ``compress`` or ``local_steps``: the first ``dense_steps``
+            optimizer steps all-reduce the whole gradient (in ``allreduce_dtype``) as
+            ordinary training does; from then on the train function is rebuilt with the
+            compressed or local step. Decided by the optimizer's step counter, so a
+            resumed run switches at the same step. PowerSGD's authors start compression
+            after such a warm-up.
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.targets.build_targets`, or the padded boxes
@@ -240,6 +246,7 @@ class YoloTrainer(keras.Model):
         local_steps=None,
         outer_lr=1.0,
         outer_momentum=0.0,
+        dense_steps=0,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
@@ -258,6 +265,17 @@ class YoloTrainer(keras.Model):
                 "synchronisation of --local-steps sends whole weights; pick one"
             )
         self.local_state = None  # LocalStepsState, built by compile()
+        if int(dense_steps) != dense_steps or dense_steps < 0:
+            raise ValueError(
+                f"--dense-steps {dense_steps}: use a whole number of optimizer steps >= 0"
+            )
+        if dense_steps and self.compress == "none" and self.local_steps is None:
+            raise ValueError(
+                "--dense-steps sets how many optimizer steps run uncompressed before "
+                "--compress powersgd or --local-steps takes over: pass one of them too"
+            )
+        self.dense_steps = int(dense_steps)
+        self.dense_phase = False  # set by compile(): the whole gradient is all-reduced
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -282,24 +300,42 @@ class YoloTrainer(keras.Model):
         super().compile(*args, **kwargs)
         if self.optimizer is None:
             return
-        if self.compress == "powersgd":
-            if self.powersgd is None:
-                # Every kernel, frozen ones too: a frozen stage's kernels train later.
-                kernels = compressible(self.body.weights, self.rank)
-                self.powersgd = PowerSGDState(kernels, self.rank)
+        if self.compress == "powersgd" and self.powersgd is None:
+            # Every kernel, frozen ones too: a frozen stage's kernels train later.
+            kernels = compressible(self.body.weights, self.rank)
+            self.powersgd = PowerSGDState(kernels, self.rank)
+        elif self.local_steps is not None and self.local_state is None:
+            self.local_state = LocalStepsState(
+                self.body.weights,
+                self.local_steps,
+                outer_lr=self.outer_lr,
+                outer_momentum=self.outer_momentum,
+                allreduce_dtype=self.allreduce_dtype,
+            )
+        self.dense_phase = self.dense_steps > 0
+        self._install_reducer()
+
+    def _install_reducer(self):
+        """Gives the optimizer the gradient reduction of the current phase."""
+        if self.dense_phase or (self.compress == "none" and self.local_steps is None):
+            if self.dense_phase or self.allreduce_dtype != "float32":
+                install_gradient_reducer(self.optimizer, self.allreduce_dtype)
+        elif self.compress == "powersgd":
             install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
-        elif self.local_steps is not None:
-            if self.local_state is None:
-                self.local_state = LocalStepsState(
-                    self.body.weights,
-                    self.local_steps,
-                    outer_lr=self.outer_lr,
-                    outer_momentum=self.outer_momentum,
-                    allreduce_dtype=self.allreduce_dtype,
-                )
+        else:
             install_local_reducer(self.optimizer)
-        elif self.allreduce_dtype != "float32":
-            install_gradient_reducer(self.optimizer, self.allreduce_dtype)
+
+    def _end_dense_phase(self):
+        """From the next step on: the compressed or local step, in a new train function.
+
+        The replicas hold identical weights here (every step so far was all-reduced), so
+        local steps' anchors start from them.
+        """
+        self.dense_phase = False
+        self._install_reducer()
+        if self.local_state is not None:
+            self.local_state.reset(self.distribute_strategy)
+        self.make_train_function(force=True)
 
     def attach_input_clock(self, clock):
         """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
@@ -329,15 +365,29 @@ class YoloTrainer(keras.Model):
         if self.train_function is not None and not force:
             return self.train_function
         function = self._make_train_function(force)
-        if self._stop_flag is None:
-            return function
+        if self._stop_flag is not None:
+            function = self._with_stop_requests(function)
+        if self.dense_phase:
+            function = self._until_dense_steps_end(function)
+        self.train_function = function
+        return function
 
+    def _with_stop_requests(self, function):
         def train_function(iterator):
             logs = dict(function(iterator))
             self.stop_requested = bool(logs.pop(STOP_KEY) > 0)
             return logs
 
-        self.train_function = train_function
+        return train_function
+
+    def _until_dense_steps_end(self, function):
+        def train_function(iterator):
+            # The optimizer's step counter is the same on every replica and worker.
+            if int(self.optimizer.iterations.numpy()) >= self.dense_steps:
+                self._end_dense_phase()
+                return self.train_function(iterator)
+            return function(iterator)
+
         return train_function
 
     def _make_train_function(self, force):
@@ -353,7 +403,8 @@ class YoloTrainer(keras.Model):
         own_step = self.multi_scale is not None or self.accumulate > 1
         own_step = own_step or self._stop_flag is not None
         if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
-            return super().make_train_function(force=force)
+            super().make_train_function(force=force)  # sets self.train_function
+            return self.train_function
         if own_step and (self.run_eagerly or self.steps_per_execution != 1):
             raise ValueError(
                 "multi-scale training, gradient accumulation and stop requests run one "

@@ -88,6 +88,7 @@ class TrainConfig:
     local_steps: int | None = None  # yolo3.local_steps: optimizer steps between syncs
     outer_lr: float = 1.0  # the outer step of each synchronisation (1, 0: averaging)
     outer_momentum: float = 0.0
+    dense_steps: int = 0  # steps of whole-gradient all-reduce before compress/local steps
     collective_timeout: float | None = None  # seconds; None waits forever
     bytes_per_pack: int = 0  # 0: TensorFlow decides
     slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
@@ -133,6 +134,12 @@ class TrainConfig:
             ),
             (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
             (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
+            (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
+            (
+                not self.dense_steps or self.compress != "none" or self.local_steps is not None,
+                "--dense-steps sets the uncompressed steps before --compress powersgd or "
+                "--local-steps: pass one of them too",
+            ),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,
                 "--collective-timeout must be a positive number of seconds",
@@ -279,6 +286,13 @@ def _accumulate_text(config):
 
 def _allreduce_text(config, body):
     """The all-reduce's dtype, and with compression or local steps the bytes it sends."""
+    text = _reduction_text(config, body)
+    if not config.dense_steps:
+        return text
+    return f"the whole gradient for the first {config.dense_steps} steps, then {text}"
+
+
+def _reduction_text(config, body):
     if config.local_steps is not None:
         sent = local_steps.sync_bytes(body.weights, config.allreduce_dtype)
         outer = "averaging"
@@ -414,6 +428,7 @@ def run(config, *, log=print):
             local_steps=config.local_steps,
             outer_lr=config.outer_lr,
             outer_momentum=config.outer_momentum,
+            dense_steps=config.dense_steps,
         )
         lr_schedule = WarmupSchedule(
             peak_lr,
