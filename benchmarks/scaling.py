@@ -573,6 +573,9 @@ def worker_main(argv):
         shuffle=False,
         callbacks=callbacks,
     )
+    if sync is not None:
+        # The synchronisation's first call traces it: here, before the timed windows.
+        trainer.local_state.synchronize(strategy)
     timer = WindowTimer()
     trainer.fit(
         data,
