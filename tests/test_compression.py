@@ -329,8 +329,6 @@ def test_a_resumed_run_continues_as_an_uninterrupted_one(setup, tmp_path):
     fixed = ["--steps-per-epoch", "2", "--flip", "0", "--shuffle-buffer", "1"]
     fixed += ["--lr-schedule", "constant"]
     fixed += ["--cpu-replicas", "2", "--compress", "powersgd", "--rank", "2"]
-    # Compressed from the second step on, before the stop and after the resume.
-    fixed += ["--dense-steps", "1"]
 
     def args(name, epochs, *extra):
         return _sgd_args(
