@@ -26,8 +26,11 @@ class LocalSync(keras.callbacks.Callback):
         self.state = state
         self.backup = backup
         self.epoch_ends = epoch_ends
-        self.synchronisations = 0
         self.seconds = []  # the wall-clock time of each synchronisation
+
+    @property
+    def synchronisations(self):
+        return len(self.seconds)
 
     def _strategy(self):
         return self.model.distribute_strategy
@@ -52,4 +55,3 @@ class LocalSync(keras.callbacks.Callback):
         else:
             self.state.synchronize(self._strategy())
         self.seconds.append(time.perf_counter() - start)
-        self.synchronisations += 1
