@@ -26,8 +26,10 @@ State, built under the strategy's scope (:class:`PowerSGDState`): per compressed
 error buffer per replica. Both are ``ON_READ`` variables: each replica assigns its own copy
 with no communication. The updates depend on the error buffers only through their mean over
 the replicas (``P``, ``Q'`` and the update are linear in it), so a checkpoint saves that
-mean (``aggregation=MEAN``) and a restore puts it into every replica: a resumed run
-continues as an uninterrupted one would.
+mean (``aggregation=MEAN``) and a restore puts it into every replica. Saving also puts it
+into every replica of the running job: that changes nothing but rounding, and from then on
+the running job and a job resumed from the file hold the same bits, so the resumed one
+continues exactly as the uninterrupted one does.
 
 Only convolution kernels where the factors take at most half the bytes are compressed
 (:func:`worth_compressing`); biases, batch-norm parameters and small kernels go through the
@@ -233,11 +235,17 @@ class PowerSGDState(keras.layers.Layer):
 
     def save_own_variables(self, store):
         """``Q`` (the first replica's: all are equal) and the MEAN over all replicas of each
-        error buffer. Reading the mean all-reduces across workers: every worker saves at the
-        same points (see ``yolo3.distribute.chief_only_path``)."""
+        error buffer, which then replaces every replica's buffer: the job goes on from
+        exactly what the file holds, as a job resumed from it will.
+
+        Reading the mean all-reduces across workers: every worker saves at the same points
+        (see ``yolo3.distribute.chief_only_path``), and every worker receives the same mean.
+        """
         for index, (q, error) in enumerate(zip(self.q_factors, self.errors)):
             store[f"q_{index}"] = np.asarray(q.read_value())
-            store[f"error_{index}"] = np.asarray(error.read_value())
+            mean = error.read_value()
+            error.assign(mean)
+            store[f"error_{index}"] = np.asarray(mean)
 
     def load_own_variables(self, store):
         """Restores ``Q`` and puts the saved mean error buffer into every replica.
