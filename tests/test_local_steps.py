@@ -20,7 +20,7 @@ import train
 from yolo3 import training
 from yolo3.callbacks import LocalSync
 from yolo3.local_steps import LocalStepsState, local_reducer, sync_bytes
-from yolo3.trainer import YoloTrainer
+from yolo3.trainer import YoloTrainer, make_optimizer
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 
@@ -143,7 +143,8 @@ def _batches(steps, batch):
 
 def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, **extra):
     """A tiny trainer on the four replicas, trained ``steps`` steps (by default of SGD with
-    momentum); ``options``: more of the trainer's arguments."""
+    momentum; ``optimizer``: a function that makes another, called under the strategy's scope
+    as train.py does); ``options``: more of the trainer's arguments."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         trainer = YoloTrainer(
@@ -153,7 +154,7 @@ def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, **extra):
             local_steps=local_steps,
             **(options or {}),
         )
-        optimizer = optimizer or keras.optimizers.SGD(0.05, momentum=0.9)
+        optimizer = optimizer() if optimizer else keras.optimizers.SGD(0.05, momentum=0.9)
         trainer.compile(optimizer=optimizer, jit_compile=False)
     sync = None if local_steps is None else LocalSync(trainer.local_state)
     _more_steps(trainer, steps, sync, **extra)
@@ -310,10 +311,16 @@ def test_float16_mixed_precision_trains_and_synchronises(strategy):
     # first steps overflow and are skipped while the scale comes down (from 2^15).
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        trainer, sync = _fit(strategy, 4, steps=8, optimizer=keras.optimizers.SGD(1e-3))
+        trainer, sync = _fit(strategy, 4, steps=8, optimizer=lambda: make_optimizer("sgd", 1e-3))
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    optimizer = trainer.optimizer
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    # The step counter (the learning-rate schedule's) counts each applied step once, not
+    # once per replica (as it did when the optimizer was made outside the scope).
+    applied = {int(n) for n in strategy.experimental_local_results(optimizer.step_counter.value)}
+    assert len(applied) == 1 and 0 < min(applied) < 8  # some of the 8 steps were skipped
+    assert int(optimizer.iterations.numpy()) == min(applied)
     assert sync.synchronisations == 2  # after step 4, and the full one at the epoch end
     moved = 0.0
     for weight, start in zip(trainer.body.trainable_weights, _start_weights()):
