@@ -455,15 +455,16 @@ def format_scaling(result):
     ]
     text = harness.format_report(result, details)
     lines = ["", "communication per optimizer step (K micro-batches per worker):"]
+    width = max(len(figures["label"]) for figures in result["communication"].values()) + 2
     header = (
-        f"{'':<56}{'MB/step':>9}{'KB/image':>10}{'compute s':>11}{'measured s':>12}"
+        f"{'':<{width}}{'MB/step':>9}{'KB/image':>10}{'compute s':>11}{'measured s':>12}"
         f"{'predicted s':>13}"
     )
     lines += [header, "-" * len(header)]
     for figures in result["communication"].values():
         predicted = figures["predicted_step_seconds"]
         lines.append(
-            f"{figures['label']:<56}{figures['bytes_per_step'] / 1e6:>9.2f}"
+            f"{figures['label']:<{width}}{figures['bytes_per_step'] / 1e6:>9.2f}"
             f"{figures['bytes_per_image'] / 1e3:>10.1f}{figures['compute_seconds']:>11.2f}"
             f"{figures['measured_step_seconds']:>12.2f}"
             f"{'-' if predicted is None else f'{predicted:.2f}':>13}"
