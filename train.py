@@ -192,6 +192,15 @@ def build_parser():
         help="Nesterov momentum of the outer step, in [0, 1) (DiLoCo uses 0.9)",
     )
     dev.add_argument(
+        "--overlap-sync",
+        type=int,
+        default=defaults.overlap_sync,
+        metavar="T",
+        help="with --local-steps H: send each period's weight changes during the first T "
+        "steps of the next period (1 <= T <= H), a chunk in each step while it computes, "
+        "and apply them there, T steps late (no step waits for the link)",
+    )
+    dev.add_argument(
         "--dense-steps",
         type=int,
         default=defaults.dense_steps,
@@ -320,6 +329,7 @@ def config_from_args(args):
         local_steps=args.local_steps,
         outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum,
+        overlap_sync=args.overlap_sync,
         dense_steps=args.dense_steps,
         collective_timeout=args.collective_timeout,
         bytes_per_pack=args.bytes_per_pack,

@@ -22,7 +22,7 @@ ceiling: two independent processes training at once, without communication (core
 compute together share memory bandwidth and clock, so this is below 2 x one process).
 
 ``settings`` runs the workers once per (micro-batches per step, all-reduce dtype, PowerSGD
-rank or 0 for none, local steps H or 0 for none) setting,
+rank or 0 for none, local steps H or 0 for none, overlapped synchronisation) setting,
 side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
 (a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
 too, in a network namespace whose loopback carries that rate. Each worker setting reports
@@ -74,22 +74,22 @@ class ScalingConfig:
     sync_bn: str = "auto"  # on with more than one replica, as train.py
     timeout: float = 900.0  # seconds for one run, start-up included
     link: str = "none"  # a tc rate for the loopback (benchmarks.link), or none
-    # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank[, local steps]],
-    # 0: none) of each multi-worker run
-    settings: tuple = ((1, "float32", 0, 0),)
+    # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank[, local steps[,
+    # overlapped]]], 0: none) of each multi-worker run
+    settings: tuple = ((1, "float32", 0, 0, False),)
 
     def __post_init__(self):
         parse_rate(self.link)
         if not self.settings:
             raise ValueError("--settings: give at least one K:DTYPE")
-        settings = tuple((*setting, 0, 0)[:4] for setting in self.settings)
+        settings = tuple((*setting, 0, 0, False)[:5] for setting in self.settings)
         object.__setattr__(self, "settings", settings)  # each names its rank and local steps
-        for accumulate, dtype, rank, local in settings:
+        for accumulate, dtype, rank, local, overlap in settings:
             if accumulate < 1:
                 raise ValueError(f"--settings {accumulate}:{dtype}: K must be >= 1")
             if rank < 0:
                 raise ValueError(f"--settings {accumulate}:{dtype}:powersgd{rank}: rank >= 1")
-            if local < 0 or (local and rank):
+            if local < 0 or (local and rank) or (overlap and not local):
                 raise ValueError(f"--settings {accumulate}:{dtype}:local{local}: H >= 1")
             if local and self.step.steps % local:
                 # Every timed window then holds the same number of synchronisations.
@@ -159,7 +159,7 @@ def _environment(tf_config):
 
 
 def _run_job(
-    config, workers, directory, log, *, link, setting=(1, "float32", 0, 0), independent=False
+    config, workers, directory, log, *, link, setting=(1, "float32", 0, 0, False), independent=False
 ):
     """Starts ``workers`` pinned processes and returns their results.
 
@@ -167,8 +167,9 @@ def _run_job(
     """
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
-    accumulate, dtype, rank, local = setting
+    accumulate, dtype, rank, local, overlap = setting
     job = {"accumulate": accumulate, "allreduce_dtype": dtype, "rank": rank, "local_steps": local}
+    job["overlap_sync"] = overlap
     fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
@@ -178,7 +179,7 @@ def _run_job(
             tf_config = distribute.tf_config(addresses, index) if together else None
             output = os.path.join(
                 directory,
-                f"{workers}w-{accumulate}-{dtype}-{rank}-{local}-{independent}-{index}.log",
+                f"{workers}w-{accumulate}-{dtype}-{rank}-{local}-{overlap}-{independent}-{index}.log",
             )
             outputs.append(output)
             with open(output, "w", encoding="utf-8") as log_file:
@@ -265,15 +266,19 @@ def _describe(results, config):
 
 
 def _setting_key(setting):
-    accumulate, dtype, rank, local = setting
+    accumulate, dtype, rank, local, overlap = setting
     key = f"workers_{accumulate}_{dtype}" + (f"_powersgd{rank}" if rank else "")
-    return key + (f"_local{local}" if local else "")
+    key += f"_local{local}" if local and not overlap else ""
+    return key + (f"_overlap{local}t{overlap}" if overlap else "")
 
 
 def _setting_text(setting):
-    _, _, rank, local = setting
+    _, _, rank, local, overlap = setting
     text = f", PowerSGD rank {rank}" if rank else ""
-    return text + (f", local steps H={local}" if local else "")
+    text += f", local steps H={local}" if local else ""
+    return text + (
+        f", overlapped over {overlap} step{'s' if overlap > 1 else ''}" if overlap else ""
+    )
 
 
 def run_scaling(config, *, command="", log=print):
@@ -367,6 +372,7 @@ def run_scaling(config, *, command="", log=print):
             measured_seconds=statistics.median(run["step_seconds"] for run in runs[key]),
             bits_per_second=bits_per_second,
             local_steps=setting[3],
+            overlap=setting[4],
             sync_seconds=sync_seconds[key],
         )
         communication[key]["label"] = name
@@ -386,12 +392,15 @@ def _communication(
     measured_seconds,
     bits_per_second,
     local_steps=0,
+    overlap=False,
     sync_seconds=(),
 ):
     """Bytes all-reduced per step and per image; the step time the link model predicts.
 
     With local steps also one synchronisation's time: the median of every worker's
-    ``sync_seconds``, and the link model's figure for its bytes.
+    ``sync_seconds``, and the link model's figure for its bytes. Overlapped, the bytes
+    travel during the steps' computation: the step takes the longer of the two, and the
+    synchronisation itself sends nothing.
     """
     per_step = traffic["gradient_bytes"] + traffic["batch_norm_bytes"]
     # A ring all-reduce: each worker sends 2 (W - 1) / W of the tensor; on the shaped
@@ -399,11 +408,16 @@ def _communication(
     on_link = 2 * (workers - 1) * per_step
     predicted = None
     if bits_per_second:
-        predicted = compute_seconds + 8 * on_link / bits_per_second
+        link_seconds = 8 * on_link / bits_per_second
+        if overlap:  # a period's bytes in its first T steps, each beside its computation
+            busy = max(compute_seconds, link_seconds * local_steps / overlap)
+            predicted = (overlap * busy + (local_steps - overlap) * compute_seconds) / local_steps
+        else:
+            predicted = compute_seconds + link_seconds
     sync = None
     if local_steps and sync_seconds:
         sync = {"measured_seconds": statistics.median(sync_seconds), "predicted_seconds": None}
-        if bits_per_second:
+        if bits_per_second and not overlap:
             link_bytes = 2 * (workers - 1) * traffic["gradient_bytes"] * local_steps
             sync["predicted_seconds"] = 8 * link_bytes / bits_per_second
     return {
@@ -471,7 +485,8 @@ def format_scaling(result):
         )
     lines.append(
         "predicted: compute (1 process, same images) + bytes on the link x 8 / rate, a ring "
-        "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback"
+        "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback "
+        "(overlapped local steps: the longer of the two)"
     )
     for figures in result["communication"].values():
         sync = figures.get("synchronisation")
@@ -547,6 +562,7 @@ def worker_main(argv):
             compress="powersgd" if job["rank"] else "none",
             rank=job["rank"] or 4,
             local_steps=job["local_steps"] or None,
+            overlap_sync=job["overlap_sync"],
         )
     # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
     # at epoch ends (the timed epochs are windows, not a run's epochs).
@@ -575,8 +591,8 @@ def worker_main(argv):
         callbacks=callbacks,
     )
     if sync is not None:
-        # The synchronisation's first call traces it: here, before the timed windows.
-        trainer.local_state.synchronize(strategy)
+        # The synchronisation's first call would trace it: here, before the timed windows.
+        trainer.local_state.trace(strategy)
     timer = WindowTimer()
     trainer.fit(
         data,

@@ -161,12 +161,14 @@ def build_step(
     compress="none",
     rank=4,
     local_steps=None,
+    overlap_sync=False,
 ):
     """A compiled trainer, as ``yolo3.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
     ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate``,
-    ``allreduce_dtype``, ``compress``, ``rank`` and ``local_steps`` go to the trainer.
+    ``allreduce_dtype``, ``compress``, ``rank``, ``local_steps`` and ``overlap_sync`` go to
+    the trainer.
     Layers take the global dtype policy.
 
     Returns:
@@ -198,6 +200,7 @@ def build_step(
         compress=compress,
         rank=rank,
         local_steps=local_steps,
+        overlap_sync=overlap_sync,
     )
     # train.py's kind of schedule; the rate it gives does not change the cost of a step.
     schedule = WarmupSchedule(1e-3, warmup_steps=1000, total_steps=100000, scale=trainer.lr_scale)

@@ -7,7 +7,8 @@ import keras
 
 class LocalSync(keras.callbacks.Callback):
     """Every ``H`` optimizer steps, the replicas average their weight changes
-    (:meth:`yolo3.local_steps.LocalStepsState.synchronize`).
+    (:meth:`yolo3.local_steps.LocalStepsState.synchronize`); overlapped, the changes go out
+    there and are applied ``T`` steps later (:meth:`~yolo3.local_steps.LocalStepsState.land`).
 
     At the end of each epoch (before validation, mAP and the checkpoints) and after any
     step that ``backup`` saves, the synchronisation is a full one: the inner optimizer's
@@ -44,6 +45,8 @@ class LocalSync(keras.callbacks.Callback):
         if getattr(self.model, "dense_phase", False):
             return  # still all-reducing every step (--dense-steps): nothing to synchronise
         due = self.state.step_done()
+        if self.state.landing_due():  # overlapped: the last period's change has arrived
+            self.state.land(self._strategy())
         full = (self.epoch_ends and batch + 1 == self.params.get("steps")) or (
             self.backup is not None and self.backup.saves_after(batch)
         )

@@ -269,7 +269,8 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
     argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16", "1:float32:powersgd2"]
-    argv += ["1:bfloat16:local2"]  # --steps 2: one synchronisation per timed window
+    # --steps 2: one synchronisation per timed window, sent during the next one
+    argv += ["1:bfloat16:overlap2/1"]
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
@@ -278,7 +279,7 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
                      output, re.M)  # fmt: skip
     keys = ("single", "independent", "workers_1_float32", "workers_2_bfloat16")
     saved = _check_json(
-        json_path, (*keys, "workers_1_float32_powersgd2", "workers_1_bfloat16_local2")
+        json_path, (*keys, "workers_1_float32_powersgd2", "workers_1_bfloat16_overlap2t1")
     )
     assert saved["ratios"]["ceiling"]["passed"] is None  # informative
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
@@ -291,14 +292,20 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert compressed["gradient_bytes"] < plain["gradient_bytes"] / 50
     assert compressed["batch_norm_bytes"] == plain["batch_norm_bytes"]
     assert "PowerSGD rank 2" in compressed["label"]
-    local = saved["communication"]["workers_1_bfloat16_local2"]
+    local = saved["communication"]["workers_1_bfloat16_overlap2t1"]
     # Every weight (batch-norm statistics too) in bfloat16 once per two steps, and no
     # synchronised batch norm.
     assert plain["gradient_bytes"] / 4 < local["gradient_bytes"] < plain["gradient_bytes"] / 3
     assert local["batch_norm_bytes"] == 0 and local["sync_bn"] is False
-    assert "local steps H=2" in local["label"]
-    for figures in (plain, tuned, compressed, local):
+    assert "local steps H=2, overlapped over 1 step" in local["label"]
+    for figures in (plain, tuned, compressed):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
+    # Overlapped over 1 of 2 steps: that step carries the period's bytes beside its
+    # computation, the other computes alone.
+    on_link, compute = 8 * local["bytes_on_link_per_step"] / 1e9, local["compute_seconds"]
+    assert local["predicted_step_seconds"] == pytest.approx(
+        (max(compute, 2 * on_link) + compute) / 2
+    )
     assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
 
 
@@ -366,7 +373,9 @@ def test_link_rates_and_settings_are_checked(capsys, monkeypatch):
     assert "K:DTYPE" in capsys.readouterr().err
     assert tool.main(["scaling", "--settings", "4:int8"]) == 2
     assert "--allreduce-dtype" in capsys.readouterr().err
-    for bad in ("1:float32:powersgd0", "1:float32:zip4", "1:float32:powersgd", "1:float32:local0"):
+    bad_methods = ("powersgd0", "zip4", "powersgd", "local0", "overlap0", "overlap", "overlap2/3")
+    bad_methods += ("overlap2/0", "overlap2/x", "local2/1")
+    for bad in (f"1:float32:{method}" for method in bad_methods):
         assert tool.main(["scaling", "--settings", bad]) == 2
         assert "powersgdR" in capsys.readouterr().err
     assert tool.main(["scaling", "--steps", "6", "--settings", "1:bfloat16:local4"]) == 2

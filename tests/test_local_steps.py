@@ -72,6 +72,9 @@ def test_plain_averaging_gives_every_replica_the_mean(strategy):
     _set_per_replica(strategy, weights.kernel.value, kernels)
     _set_per_replica(strategy, weights.stat.value, stats)
     _set_per_replica(strategy, weights.slot.value, slots)
+    weights.state.trace(strategy)  # runs nothing
+    for copy, own in zip(_copies(strategy, weights.kernel), kernels):
+        np.testing.assert_array_equal(copy, own)
     weights.state.synchronize(strategy)
     for copy in _copies(strategy, weights.kernel):
         np.testing.assert_allclose(copy, np.mean(kernels, axis=0), rtol=0, atol=1e-12)
@@ -107,6 +110,72 @@ def test_nesterov_outer_steps_match_numpy(strategy):
     np.testing.assert_allclose(
         weights.state.momentum_buffers[0].read_value(), buffer, rtol=0, atol=1e-12
     )
+
+
+@pytest.mark.parametrize("delay", [1, 2])
+def test_overlapped_synchronisations_match_numpy(strategy, delay):
+    # H = 2. Each period's changes travel during the first T steps of the next period (a
+    # chunk a step) and move the anchor there; each replica goes on from the anchor with its
+    # own steps since. A full synchronisation lands what is in flight.
+    lr, mu = 0.7, 0.9
+    weights = Weights(strategy, outer_lr=lr, outer_momentum=mu, overlap=delay)
+    state = weights.state
+    state.trace(strategy)  # traces the period's end, runs nothing (the oracle below agrees)
+    exchange = tf.function(lambda: strategy.run(state.exchange))
+    rng = np.random.default_rng(2)
+    names = ("kernel", "stat")
+    anchor = {"kernel": np.zeros((3, 2)), "stat": np.ones(2)}
+    held = {name: [value] * REPLICAS for name, value in anchor.items()}
+    sent = {name: [np.zeros_like(value)] * REPLICAS for name, value in anchor.items()}
+    buffer = np.zeros((3, 2))
+    in_flight, since_sent = False, 0
+
+    def outer(name, mean):
+        nonlocal buffer
+        if name == "stat":
+            return anchor[name] - mean  # statistics: no outer step
+        buffer = mu * buffer + mean
+        return anchor[name] - lr * (mean + mu * buffer)
+
+    def land(name):  # the outer step with the mean sent; returns each replica's own since
+        since = [anchor[name] - s - w for s, w in zip(sent[name], held[name])]
+        anchor[name] = outer(name, np.mean(sent[name], axis=0))
+        return since
+
+    for period in range(4):
+        full = period == 3
+        for _ in range(1 if full else 2):
+            held["kernel"] = [k + rng.normal(0, 0.1, (3, 2)) for k in held["kernel"]]
+            held["stat"] = [rng.uniform(0, 2, (2,)) for _ in range(REPLICAS)]
+            _set_per_replica(strategy, weights.kernel.value, held["kernel"])
+            _set_per_replica(strategy, weights.stat.value, held["stat"])
+            exchange()
+            state.step_done()
+            since_sent += 1
+            assert state.landing_due() == (in_flight and since_sent == delay)
+            if state.landing_due():
+                state.land(strategy)
+                for name in names:
+                    held[name] = [anchor[name] - d for d in land(name)]
+                in_flight = False
+        if full:
+            state.synchronize(strategy, [weights.slot])
+            for name in names:
+                since = land(name) if in_flight else [anchor[name] - w for w in held[name]]
+                anchor[name] = outer(name, np.mean(since, axis=0))
+                held[name] = [anchor[name]] * REPLICAS
+        else:
+            state.synchronize(strategy)  # sends: the weights stay
+            for name in names:
+                sent[name] = [anchor[name] - w for w in held[name]]
+            in_flight, since_sent = True, 0
+        for name in names:
+            for copy, want in zip(_copies(strategy, getattr(weights, name)), held[name]):
+                np.testing.assert_allclose(copy, want, rtol=0, atol=1e-12)
+        if period == 1:  # between full synchronisations the replicas differ
+            copies = _copies(strategy, weights.kernel)
+            assert np.abs(copies[0] - copies[1]).max() > 1e-3
+    np.testing.assert_allclose(state.momentum_buffers[0].read_value(), buffer, rtol=0, atol=1e-12)
 
 
 def test_the_weight_change_travels_in_the_allreduce_dtype(strategy):
@@ -206,6 +275,67 @@ def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy
         np.testing.assert_array_equal(copy, copies[0])
 
 
+def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
+    trainer, sync = _fit(strategy, 2, steps=2, options={"overlap_sync": True})
+    state = trainer.local_state
+    kernel = trainer.body.trainable_weights[0]
+
+    def assert_met():  # a full synchronisation: one model, nothing in flight
+        copies = _copies(strategy, kernel)
+        for copy in copies[1:]:
+            np.testing.assert_array_equal(copy, copies[0])
+        assert not state.in_flight
+        assert min(int(p) for p in _copies(strategy, state.position)) >= 2  # none to send
+
+    assert sync.synchronisations == 1  # the epoch end's
+    assert_met()
+    # Three more steps, H = 2, no epoch-end synchronisation: after step 2 each replica's
+    # change is in flight; step 3 brought the first chunk's mean.
+    sync = LocalSync(state, epoch_ends=False)
+    _more_steps(trainer, 3, sync)
+    assert sync.synchronisations == 1
+    sent = _copies(strategy, state.sent)
+    assert sent[0].shape == (2, -(-sum(int(np.prod(w.shape)) for w in trainer.body.weights) // 2))
+    assert np.abs(sent[0] - sent[1]).max() > 1e-6  # each replica its own change
+    for received in _copies(strategy, state.received):
+        np.testing.assert_allclose(received[0], np.mean(sent, axis=0)[0], rtol=1e-6, atol=1e-7)
+        assert not np.any(received[1])  # the second chunk travels in the next step
+    assert [int(p) for p in _copies(strategy, state.position)] == [1] * REPLICAS
+    copies = _copies(strategy, kernel)
+    assert np.abs(copies[0] - copies[1]).max() > 1e-6
+    state.synchronize(strategy, trainer.optimizer.variables)
+    assert_met()
+
+
+def test_overlapped_local_steps_compile_with_xla_on_one_device():
+    # One GPU alone turns XLA on (--jit-compile auto), so the step with its exchange must
+    # compile. With one replica and plain averaging every outer step hands back the
+    # replica's own change, one period late: ordinary training, to rounding.
+    images, boxes = _batches(3, 4)
+
+    def train(**local):
+        keras.utils.set_random_seed(0)
+        trainer = YoloTrainer(tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, **local)
+        trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True)
+        callbacks = [LocalSync(trainer.local_state)] if local else []
+        trainer.fit(
+            images, boxes, batch_size=4, epochs=1, shuffle=False, callbacks=callbacks,
+            verbose=0,
+        )  # fmt: skip
+        return trainer, callbacks
+
+    ordinary, _ = train()
+    overlapped, (sync,) = train(local_steps=2, overlap_sync=True)
+    assert sync.synchronisations == 2  # after step 2, and the full one at the epoch end
+    moved = 0.0
+    for a, b, start in zip(
+        ordinary.body.trainable_weights, overlapped.body.trainable_weights, _start_weights()
+    ):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5)
+        moved = max(moved, float(np.max(np.abs(np.asarray(a) - start))))
+    assert moved > 1e-2  # it trained
+
+
 def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
     def make(momentum):
         with strategy.scope():
@@ -235,17 +365,22 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
 
 
 @pytest.mark.slow
-def test_two_workers_with_local_steps_end_identical(setup, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+def test_two_workers_with_local_steps_end_identical(setup, tmp_path, overlap):
     records, anchors, initial = setup
+    # Three steps, H = 2: overlapped with T = 1, step 3 sends step 2's changes between the
+    # workers and applies them; then every step's collective sends nothing.
     flags = ["--epochs", "1", "--steps-per-epoch", "3", "--flip", "0", "--sync-bn", "off"]
     flags += ["--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
-    flags += ["--allreduce-dtype", "bfloat16"]
+    flags += ["--allreduce-dtype", "bfloat16"] + (["--overlap-sync", "1"] if overlap else [])
     log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *flags))
-    assert "all-reduce none in the step; weight changes every 2 steps in bfloat16" in log
+    when = "every 2 steps" + (", sent during the next 1 step" if overlap else "")
+    assert f"all-reduce none in the step; weight changes {when} in bfloat16" in log
     assert "outer lr 0.7, Nesterov momentum 0.9" in log
     start = assert_trained_alike(tmp_path / "dump", initial)
     config = training.read_config(str(tmp_path / "job/config.json"))
     assert (config.local_steps, config.outer_lr, config.outer_momentum) == (2, 0.7, 0.9)
+    assert config.overlap_sync == (1 if overlap else None)
     assert config.sync_bn is False
     with h5py.File(tmp_path / "job/checkpoints/state.weights.h5", "r") as f:
         buffers = f["layers/local_steps_state/vars"]
@@ -254,7 +389,10 @@ def test_two_workers_with_local_steps_end_identical(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_one(setup, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
+def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_one(
+    setup, tmp_path, overlap
+):
     _, anchors, initial = setup
     # One shard: the shards' order is drawn anew on each pass over the data, which changes
     # which replica trains on which images after a restart. With one, each step's two
@@ -262,10 +400,12 @@ def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_on
     records = small_record_set(tmp_path / "records", train=8, val=0, num_shards=1, noise=20)
     # Three steps per epoch and H = 2: the first run stops at step 3, one step into a
     # cycle, and its epoch-end save is a full synchronisation that the uninterrupted run
-    # makes at the same step. SGD with momentum: its slots are averaged there.
+    # makes at the same step. SGD with momentum: its slots are averaged there. Overlapped,
+    # that save lands the changes still in flight.
     fixed = ["--steps-per-epoch", "3", "--flip", "0", "--shuffle-buffer", "1"]
     fixed += ["--lr-schedule", "constant", "--sync-bn", "off", "--cpu-replicas", "2"]
     fixed += ["--local-steps", "2", "--outer-lr", "0.8", "--outer-momentum", "0.5"]
+    fixed += ["--overlap-sync", "2"] if overlap else []
 
     def args(name, epochs, *extra):
         return _sgd_args(
@@ -297,6 +437,9 @@ def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_on
         (("--outer-momentum", "0.9"), "--local-steps"),
         (("--local-steps", "4", "--compress", "powersgd"), "--compress"),
         (("--local-steps", "4", "--sync-bn", "on"), "--sync-bn"),
+        (("--overlap-sync", "2"), "--local-steps"),
+        (("--local-steps", "2", "--overlap-sync", "3"), "--overlap-sync"),
+        (("--local-steps", "2", "--overlap-sync", "0"), "--overlap-sync"),
     ],
 )
 def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, named):

@@ -24,9 +24,10 @@ for each ``--remat`` setting, one process each.
 against two MultiWorkerMirroredStrategy workers on 127.0.0.1, every process pinned to one
 core with one thread; the scaling efficiency. ``--link RATE`` runs every process in a
 private network namespace whose loopback is rate-limited with tc (root and iproute2;
-exit status 2 without them); ``--settings K:DTYPE[:powersgdR|:localH] ...`` compares micro-batches
-per step, all-reduce dtypes and PowerSGD compression side by side, with the bytes sent per
-step and the step time a compute + bytes / rate model predicts. About 3 minutes on 2 cores
+exit status 2 without them); ``--settings K:DTYPE[:powersgdR|:localH|:overlapH] ...``
+compares micro-batches per step, all-reduce dtypes, PowerSGD compression and local steps
+(blocking or overlapped) side by side, with the bytes sent per step and the step time a
+compute + bytes / rate model predicts. About 3 minutes on 2 cores
 at 128 px.
 
 ``detect`` (:mod:`benchmarks.detect`): ``detect(images)`` end to end on the Keras model, each
@@ -314,13 +315,13 @@ def _add_scaling(subparsers):
         "--settings",
         nargs="+",
         type=argument_type(_setting),
-        default=[(1, "float32", 0, 0)],
-        metavar="K:DTYPE[:powersgdR|:localH]",
+        default=[(1, "float32", 0, 0, False)],
+        metavar="K:DTYPE[:powersgdR|:localH|:overlapH[/T]]",
         help="worker runs to compare: K micro-batches per optimizer step (--accumulate), "
         "the all-reduce dtype (float32, bfloat16, float16) and optionally PowerSGD of rank R "
         "(--compress powersgd --rank R) or H local steps between synchronisations "
-        "(--local-steps H, plain averaging; --steps must be a multiple of H); default "
-        "1:float32",
+        "(--local-steps H, plain averaging; --steps must be a multiple of H), overlapH "
+        "with --overlap-sync T (default H); default 1:float32",
     )
     parser.set_defaults(handler=_run_scaling)
 
@@ -340,16 +341,26 @@ def _setting(text):
     if not accumulate.isdigit() or int(accumulate) < 1:
         raise ValueError(f"{text!r}: use K:DTYPE, K >= 1 micro-batches, e.g. 8:bfloat16")
     rank = local = 0
-    for prefix in ("powersgd", "local"):
-        number = method.removeprefix(prefix)
-        if method.startswith(prefix) and number.isdigit() and int(number) >= 1:
-            rank, local = (int(number), 0) if prefix == "powersgd" else (0, int(number))
+    overlap = 0
+    for prefix in ("powersgd", "local", "overlap"):
+        number, _, delay = method.removeprefix(prefix).partition("/")
+        if not (method.startswith(prefix) and number.isdigit() and int(number) >= 1):
+            continue
+        if prefix == "powersgd" and not delay:
+            rank = int(number)
+        elif prefix == "local" and not delay:
+            local = int(number)
+        elif prefix == "overlap" and (
+            not delay or (delay.isdigit() and 1 <= int(delay) <= int(number))
+        ):
+            local, overlap = int(number), int(delay or number)
     if method and not (rank or local):
         raise ValueError(
-            f"{text!r}: the third part is powersgdR (PowerSGD of rank R >= 1) or localH "
-            "(H >= 1 local steps between synchronisations), e.g. 1:float32:powersgd4"
+            f"{text!r}: the third part is powersgdR (PowerSGD of rank R >= 1), localH "
+            "(H >= 1 local steps between synchronisations) or overlapH[/T] (the same, each "
+            "synchronisation sent during the next H steps), e.g. 1:float32:powersgd4"
         )
-    return int(accumulate), check_allreduce_dtype(dtype or "float32"), rank, local
+    return int(accumulate), check_allreduce_dtype(dtype or "float32"), rank, local, overlap
 
 
 def _run_detect(args):

@@ -215,6 +215,10 @@ class YoloTrainer(keras.Model):
             scope, from the body's current weights.
         outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
             averaging; DiLoCo's Nesterov momentum otherwise).
+        overlap_sync: with ``local_steps``: ``T`` (or True: ``H``); each period's weight
+            changes travel during the first ``T`` steps of the next period, a chunk in each
+            train step beside its computation, and are applied there, ``T`` steps late
+            (:mod:`yolo3.local_steps`).
         dense_steps: with ``compress`` or ``local_steps``: the first ``dense_steps``
             optimizer steps all-reduce the whole gradient (in ``allreduce_dtype``) as
             ordinary training does; from then on the train function is rebuilt with the
@@ -246,6 +250,7 @@ class YoloTrainer(keras.Model):
         local_steps=None,
         outer_lr=1.0,
         outer_momentum=0.0,
+        overlap_sync=False,
         dense_steps=0,
         **kwargs,
     ):
@@ -257,8 +262,9 @@ class YoloTrainer(keras.Model):
         self.compress, self.rank = check_compression(compress, rank)
         self.powersgd = None  # PowerSGDState, built by compile()
         self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
-            local_steps, outer_lr, outer_momentum
+            local_steps, outer_lr, outer_momentum, overlap=overlap_sync
         )
+        self.overlap_sync = overlap_sync or None
         if self.local_steps is not None and self.compress != "none":
             raise ValueError(
                 "--local-steps and --compress powersgd are two answers to one problem: the "
@@ -311,6 +317,7 @@ class YoloTrainer(keras.Model):
                 outer_lr=self.outer_lr,
                 outer_momentum=self.outer_momentum,
                 allreduce_dtype=self.allreduce_dtype,
+                overlap=self.overlap_sync,
             )
         self.dense_phase = self.dense_steps > 0
         self._install_reducer()
@@ -472,7 +479,13 @@ class YoloTrainer(keras.Model):
         return train_function
 
     def train_step(self, data):
-        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches."""
+        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches.
+
+        With overlapped local steps, the step also carries its share of the previous
+        period's synchronisation (independent of the rest of the step).
+        """
+        if self.local_state is not None and self.local_state.overlap and not self.dense_phase:
+            self.local_state.exchange()
         if self.accumulate == 1:
             return super().train_step(data)
         from keras.src.losses import loss as loss_module

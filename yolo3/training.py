@@ -88,6 +88,7 @@ class TrainConfig:
     local_steps: int | None = None  # yolo3.local_steps: optimizer steps between syncs
     outer_lr: float = 1.0  # the outer step of each synchronisation (1, 0: averaging)
     outer_momentum: float = 0.0
+    overlap_sync: int | None = None  # local steps' changes sent during the next T steps
     dense_steps: int = 0  # steps of whole-gradient all-reduce before compress/local steps
     collective_timeout: float | None = None  # seconds; None waits forever
     bytes_per_pack: int = 0  # 0: TensorFlow decides
@@ -134,6 +135,17 @@ class TrainConfig:
             ),
             (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
             (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
+            (
+                not self.overlap_sync or self.local_steps is not None,
+                "--overlap-sync sends the weight changes of --local-steps during the steps: "
+                "pass --local-steps H too",
+            ),
+            (
+                self.overlap_sync is None
+                or self.local_steps is None
+                or 1 <= self.overlap_sync <= self.local_steps,
+                "--overlap-sync T must be from 1 to --local-steps H",
+            ),
             (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
             (
                 not self.dense_steps or self.compress != "none" or self.local_steps is not None,
@@ -298,8 +310,12 @@ def _reduction_text(config, body):
         outer = "averaging"
         if config.outer_lr != 1.0 or config.outer_momentum:
             outer = f"outer lr {config.outer_lr:g}, Nesterov momentum {config.outer_momentum:g}"
+        when = f"every {config.local_steps} steps"
+        if config.overlap_sync:
+            steps = config.overlap_sync
+            when += f", sent during the next {steps} step{'s' if steps > 1 else ''}"
         return (
-            f"none in the step; weight changes every {config.local_steps} steps in "
+            f"none in the step; weight changes {when} in "
             f"{config.allreduce_dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
         )
     if config.compress == "none":
@@ -428,6 +444,7 @@ def run(config, *, log=print):
             local_steps=config.local_steps,
             outer_lr=config.outer_lr,
             outer_momentum=config.outer_momentum,
+            overlap_sync=config.overlap_sync,
             dense_steps=config.dense_steps,
         )
         lr_schedule = WarmupSchedule(
