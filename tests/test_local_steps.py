@@ -242,13 +242,18 @@ def test_one_local_step_with_plain_averaging_equals_ordinary_training(strategy):
     ordinary, _ = _fit(strategy, None)
     local, sync = _fit(strategy, 1)
     assert sync.synchronisations == 3
+    # SGD with momentum is linear: the mean of the replicas' updates is the update of the
+    # mean gradient, step after step.
+    _assert_trained_alike(ordinary, local, atol=2e-5)
+
+
+def _assert_trained_alike(ordinary, other, atol):
+    """``other``'s weights within ``atol`` of ``ordinary``'s, which moved from the start."""
     moved = 0.0
     for a, b, start in zip(
-        ordinary.body.trainable_weights, local.body.trainable_weights, _start_weights()
+        ordinary.body.trainable_weights, other.body.trainable_weights, _start_weights()
     ):
-        # SGD with momentum is linear: the mean of the replicas' updates is the update of
-        # the mean gradient, step after step.
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=atol)
         moved = max(moved, float(np.max(np.abs(np.asarray(a) - start))))
     assert moved > 1e-2  # it trained
 
@@ -327,13 +332,7 @@ def test_overlapped_local_steps_compile_with_xla_on_one_device():
     ordinary, _ = train()
     overlapped, (sync,) = train(local_steps=2, overlap_sync=True)
     assert sync.synchronisations == 2  # after step 2, and the full one at the epoch end
-    moved = 0.0
-    for a, b, start in zip(
-        ordinary.body.trainable_weights, overlapped.body.trainable_weights, _start_weights()
-    ):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5)
-        moved = max(moved, float(np.max(np.abs(np.asarray(a) - start))))
-    assert moved > 1e-2  # it trained
+    _assert_trained_alike(ordinary, overlapped, atol=1e-5)
 
 
 def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
