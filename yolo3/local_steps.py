@@ -285,10 +285,8 @@ class LocalStepsState(keras.layers.Layer):
         # same ones on every worker) but sends nothing.
         size = tf.where(position < steps, width, 0)
         chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
-        context = tf.distribute.get_replica_context()
-        replicas = 1 if context is None else context.num_replicas_in_sync
-        (total,) = all_reduce_gradients([chunk], self.allreduce_dtype)
-        mean = tf.pad(total / tf.cast(replicas, total.dtype), [[0, width - size]])
+        (mean,) = self._mean([chunk])
+        mean = tf.pad(mean, [[0, width - size]])
         # In place, one row (ON_READ variables have no scatter_update; in replica context
         # their handle is this replica's own copy).
         tf.raw_ops.ResourceScatterUpdate(
