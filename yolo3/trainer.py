@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from yolo3 import malloc
 from yolo3.communication import check_allreduce_dtype, install_gradient_reducer
 from yolo3.compression import (
     PowerSGDState,
@@ -376,8 +377,31 @@ class YoloTrainer(keras.Model):
             function = self._with_stop_requests(function)
         if self.dense_phase:
             function = self._until_dense_steps_end(function)
+        function = self._with_malloc_thresholds(function)
         self.train_function = function
         return function
+
+    def make_test_function(self, force=False):
+        if self.test_function is not None and not force:
+            return self.test_function
+        super().make_test_function(force=force)  # sets self.test_function
+        self.test_function = self._with_malloc_thresholds(self.test_function)
+        return self.test_function
+
+    def _with_malloc_thresholds(self, function):
+        """``function``, restoring glibc's malloc thresholds before each step where the
+        strategy's input iterators pin them (:mod:`yolo3.malloc`)."""
+        strategy = self.distribute_strategy
+        if not isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+        ):
+            return function
+
+        def step_function(iterator):
+            malloc.restore_thresholds()
+            return function(iterator)
+
+        return step_function
 
     def _with_stop_requests(self, function):
         def train_function(iterator):
