@@ -25,6 +25,8 @@ from yolo3 import distribute
 STEP_SCRIPT = Path(__file__).with_name("accumulate_step.py")
 IMAGES = 32
 BASE = {"steps": 2, "allreduce_dtype": "float32", "frozen_bn": False, "floatx": "float64"}
+# Slow: every test runs its layouts as processes of their own.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

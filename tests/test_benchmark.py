@@ -66,6 +66,7 @@ def _check_json(path, keys):
     return saved
 
 
+@pytest.mark.slow
 def test_io_prints_every_row_with_finite_positive_figures(tmp_path, capsys):
     json_path = tmp_path / "io.json"
     argv = ["io", "--images", "6", "--image-size", "96x128", "--input-size", "64"]
@@ -128,6 +129,7 @@ def _check_train(output, saved, variants, remat):
         assert f"{row['peak_rss_bytes'] / 2**20:.0f}" in line.split()
 
 
+@pytest.mark.slow
 def test_train_prints_the_steps_variants_flops_and_memory(tmp_path, capsys):
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "bfloat16", "--xla", "off"]
@@ -154,6 +156,7 @@ def test_train_variants_with_xla_and_float16_against_a_given_peak(tmp_path, caps
     assert "MFU against 2 TFLOP/s (--peak-tflops)" in output
 
 
+@pytest.mark.slow
 def test_train_measures_memory_per_remat_setting(tmp_path, capsys):
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "--xla", "off"]

@@ -144,6 +144,7 @@ np.savez(sys.argv[3], *outputs)
 """
 
 
+@pytest.mark.slow
 def test_weights_file_loads_in_fresh_process_and_under_strategy(converted, tmp_path):
     case = converted("yolov3")
     path = str(tmp_path / "yolov3.weights.h5")

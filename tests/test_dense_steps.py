@@ -28,6 +28,7 @@ def _largest_difference(a, b):
     )
 
 
+@pytest.mark.slow
 def test_powersgd_starts_after_the_dense_steps(strategy):
     ordinary, _ = _fit(strategy, None, steps=2)
     options = {"compress": "powersgd", "rank": 1, "dense_steps": 2}
@@ -45,6 +46,7 @@ def test_powersgd_starts_after_the_dense_steps(strategy):
     assert _largest_difference(ordinary, warmed) > 1e-5
 
 
+@pytest.mark.slow
 def test_local_steps_start_after_the_dense_steps(strategy):
     ordinary, _ = _fit(strategy, None, steps=2)
     # A Nesterov outer step would move the weights if the callback synchronised during the

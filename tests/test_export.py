@@ -66,6 +66,11 @@ def _images():
     return images
 
 
+# Slow: the module's artifacts are exported once for all its tests (SavedModel, ONNX,
+# TFLite), which alone takes longer than the quick tier allows.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")

@@ -238,6 +238,7 @@ def _more_steps(trainer, steps, sync=None, **extra):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_one_local_step_with_plain_averaging_equals_ordinary_training(strategy):
     ordinary, _ = _fit(strategy, None)
     local, sync = _fit(strategy, 1)
@@ -263,6 +264,7 @@ def _start_weights():
     return [np.asarray(w) for w in tiny_model(size=SIZE).trainable_weights]
 
 
+@pytest.mark.slow
 def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy):
     trainer, _ = _fit(strategy, 3, steps=2)  # 2 steps, H = 3: only the epoch end synchronised
     kernel = trainer.body.trainable_weights[0]
@@ -280,6 +282,7 @@ def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy
         np.testing.assert_array_equal(copy, copies[0])
 
 
+@pytest.mark.slow
 def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
     trainer, sync = _fit(strategy, 2, steps=2, options={"overlap_sync": True})
     state = trainer.local_state
@@ -312,6 +315,7 @@ def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
     assert_met()
 
 
+@pytest.mark.slow
 def test_overlapped_local_steps_compile_with_xla_on_one_device():
     # One GPU alone turns XLA on (--jit-compile auto), so the step with its exchange must
     # compile. With one replica and plain averaging every outer step hands back the
@@ -447,6 +451,7 @@ def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, nam
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_float16_mixed_precision_trains_and_synchronises(strategy):
     # The loss-scale optimizer applies each replica's own update inside its finite-gradient
     # conditional: with local steps the step holds no collective, so that is allowed. Its

@@ -37,6 +37,7 @@ def test_glibc_takes_the_thresholds():
     assert malloc.restore_thresholds()
 
 
+@pytest.mark.slow
 def test_the_trainer_restores_what_the_input_iterator_pinned_before_every_step():
     kept = _steps("keep")
     # TensorFlow 2.21: once fit has made its iterator over the replicas, every such block is

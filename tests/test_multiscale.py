@@ -84,6 +84,7 @@ def float32_policy():
 
 
 @pytest.mark.parametrize("jit_compile", ["off", "on"])
+@pytest.mark.slow
 def test_training_changes_size_and_compiles_each_size_once(record_set, tmp_path, jit_compile):
     records, anchors = record_set
     args = train_args(records, tmp_path, anchors, "--epochs", "2", "--steps-per-epoch", "10",

@@ -101,6 +101,7 @@ def test_stored_notebook_has_no_outputs():
     assert notebook.metadata.kernelspec.name == "python3"
 
 
+@pytest.mark.slow
 def test_notebook_runs_without_errors(executed):
     errors = [
         ANSI_ESCAPE.sub("", "\n".join(output.traceback))
@@ -115,6 +116,7 @@ def test_notebook_runs_without_errors(executed):
     assert list(executed["run_dir"].iterdir()) == []
 
 
+@pytest.mark.slow
 def test_notebook_training_loss_falls(executed):
     stdout = _stdout(executed["notebook"])
     steps = [(int(match[1]), float(match[2])) for match in STEP_LINE.finditer(stdout)]
@@ -123,6 +125,7 @@ def test_notebook_training_loss_falls(executed):
     assert steps[-1][1] < steps[0][1]
 
 
+@pytest.mark.slow
 def test_notebook_prints_well_formed_detections(executed):
     lines = _stdout(executed["notebook"]).splitlines()
     starts = [index for index, line in enumerate(lines) if IMAGE_LINE.fullmatch(line)]
@@ -157,6 +160,7 @@ def test_notebook_prints_well_formed_detections(executed):
     assert total > 0
 
 
+@pytest.mark.slow
 def test_notebook_shows_the_picture(executed):
     pictures = [
         output.data["image/png"]

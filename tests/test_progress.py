@@ -95,6 +95,7 @@ def _train_to_file(record_set, log_dir, log_file, *extra):
     return Path(log_file).read_bytes()
 
 
+@pytest.mark.slow
 def test_training_into_a_file_writes_plain_lines_within_a_bound_per_step(record_set, tmp_path):
     log = _train_to_file(record_set, tmp_path / "run", tmp_path / "train.log", "--log-every", "3")
     assert not TERMINAL_CODES.search(log), "carriage returns, backspaces or colour codes"

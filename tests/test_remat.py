@@ -83,6 +83,7 @@ def _assert_close(got, want, what):
 @pytest.mark.parametrize(
     ("model_type", "remat"), [("tiny", "full"), ("tiny", "large"), ("yolov3", "full")]
 )
+@pytest.mark.slow
 def test_same_loss_gradients_and_statistics_as_without(model_type, remat):
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (2, SIZE, SIZE, 3), dtype=np.uint8)
@@ -122,6 +123,7 @@ def test_full_runs_every_convolution_again_in_the_backward_pass():
     assert _convolutions(full_step, images, boxes) == 26
 
 
+@pytest.mark.slow
 def test_the_step_compiles_with_xla_and_gives_the_same_loss():
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (2, SIZE, SIZE, 3), dtype=np.uint8)
@@ -135,6 +137,7 @@ def test_the_step_compiles_with_xla_and_gives_the_same_loss():
     assert np.linalg.norm(flat - plain_flat) <= 0.1 * np.linalg.norm(plain_flat)
 
 
+@pytest.mark.slow
 def test_four_replicas_step_as_without_and_sync_bn_is_refused(tmp_path):
     result_path = tmp_path / "replicas.npz"
     command = [sys.executable, str(REPLICAS_SCRIPT), str(result_path)]

@@ -16,6 +16,8 @@ from helpers import random_boxes, tiny_model
 
 GLOBAL_BATCH = 8
 STEP_SCRIPT = Path(__file__).with_name("sharding_step.py")
+# Slow: every test runs its replica layouts as processes of their own.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -289,6 +289,7 @@ def _max_difference(a, b):
     return max(float(np.max(np.abs(np.float64(x) - y))) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_three_float64_steps_on_four_replicas_match_one_device(training):
     initial, weights, spread = training
     one_device = weights[0, "float64", STEPS]
@@ -303,6 +304,7 @@ def test_three_float64_steps_on_four_replicas_match_one_device(training):
     assert spread == 0.0  # all replicas hold the same copy of every variable
 
 
+@pytest.mark.slow
 def test_one_float32_step_on_four_replicas_matches_one_device(training):
     _, weights, _ = training
     exact = weights[0, "float64", 1]

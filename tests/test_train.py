@@ -83,6 +83,7 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
 
 
+@pytest.mark.slow
 def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
     records, anchors = record_set
     initial = str(tmp_path / "init.weights.h5")
@@ -111,6 +112,7 @@ def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
     assert all(moved(first, second, name) for name in backbone + rest)
 
 
+@pytest.mark.slow
 def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path):
     records, anchors = record_set
     args = train_args(records, tmp_path, anchors, "--steps-per-epoch", "3")
@@ -181,6 +183,7 @@ def test_test_io_and_benchmark_modes(record_set, tmp_path, capsys):
     assert result.epochs_done == 1 and math.isfinite(result.history["loss"][0])
 
 
+@pytest.mark.slow
 def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tmp_path):
     records, anchors = record_set
     args = train_args(

@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("train_worker.py")
 LAUNCH = ROOT / "tools" / "launch.py"
 TIMEOUT = 600
+# Slow: every test runs train.py in processes of its own.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

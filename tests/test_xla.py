@@ -147,6 +147,7 @@ def float64_network():
 
 
 @pytest.mark.parametrize("seed", [2, 4])
+@pytest.mark.slow
 def test_loss_and_gradients_are_the_same_with_and_without_xla(float64_network, seed):
     rng = np.random.default_rng(seed)
     boxes = _colliding_boxes(rng, batch=4)
@@ -180,6 +181,7 @@ def _fit_one_step(jit_compile, images, boxes):
     return trainer, history, [a - b for a, b in zip(after, before)]
 
 
+@pytest.mark.slow
 def test_fit_compiles_the_step_with_xla_and_still_measures_input_wait():
     rng = np.random.default_rng(4)
     boxes = _colliding_boxes(rng, batch=4)
@@ -212,6 +214,7 @@ def restore_policy():
 # What --jit-compile auto and --mixed-precision auto give on one GPU: XLA with float32
 # (older GPUs), float16 and loss scaling (compute capability 7.x), bfloat16 (8.0 and newer).
 @pytest.mark.parametrize("precision", ["off", "float16", "bfloat16"])
+@pytest.mark.slow
 def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     record_set, tmp_path, restore_policy, precision
 ):
