@@ -40,6 +40,9 @@ setup(
         # nbclient runs examples/*.ipynb in tests/test_notebook.py on an ipykernel kernel.
         "test": [
             "pytest>=8",
+            # The suite runs on two processes (-n 2 --dist loadfile): its multi-process and
+            # tracing-bound tests leave a core idle much of the time (1.5x measured on 2 cores).
+            "pytest-xdist>=3.6,<4",
             "opencv-python-headless>=4.10,<5",
             "ruff>=0.6",
             "nbclient>=0.10,<0.12",
