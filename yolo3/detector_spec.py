@@ -88,12 +88,20 @@ def spec_for_weights(
     score_threshold=0.3,
     iou_threshold=0.45,
     max_detections=100,
+    class_names=None,
+    fallbacks=None,
+    log=None,
 ):
     """The :class:`DetectorSpec` of a ``.weights.h5`` file: each value from its argument
-    when given, else from the file's metadata; ValueError naming the flag when neither has it.
+    when given, else from the file's metadata, else from ``fallbacks``; ValueError naming the
+    flag when none has it.
 
     ``input_size`` is an int or ``(height, width)``; the paths are the classes and anchors
-    files (``--classes``, ``--anchors``).
+    files (``--classes``, ``--anchors``). ``class_names`` stands in for a classes file (a
+    record set's own names); ``classes_path`` wins over it. ``fallbacks`` may hold
+    ``classes_path``, ``anchors_path`` and ``input_size``: what a tool uses for a file that
+    records none (Darknet conversions record no class names or input size), each use said
+    through ``log`` so that no default is taken silently.
     """
     from yolo3 import weights as weights_io  # noqa: PLC0415 - h5py only where weights are read
     from yolo3.resources import (  # noqa: PLC0415
@@ -107,31 +115,42 @@ def spec_for_weights(
     if not os.path.exists(weights_path):
         raise FileNotFoundError(f"weights file {weights_path} does not exist")
     metadata = weights_io.read_metadata(weights_path) or {}
+    fallbacks = fallbacks or {}
 
     def missing(what, flag):
         return ValueError(f"weights {weights_path} do not record {what}; give {flag}")
 
+    def fallback(key, what, flag):
+        if fallbacks.get(key) is None:
+            raise missing(what, flag)
+        if log is not None:
+            log(f"weights {weights_path} record no {what}: using {fallbacks[key]} ({flag})")
+        return fallbacks[key]
+
+    if classes_path is None and class_names is None and not metadata.get("classes"):
+        classes_path = fallback("classes_path", "class names", "--classes FILE")
     if classes_path is not None:
         class_names = read_classes(classes_path)
         weights_io.check_num_classes(weights_path, len(class_names), classes_path)
-    elif metadata.get("classes"):
-        class_names = list(metadata["classes"])
+    elif class_names is not None:
+        class_names = list(class_names)
+        weights_io.check_num_classes(weights_path, len(class_names), "the given class names")
     else:
-        raise missing("class names", "--classes FILE")
+        class_names = list(metadata["classes"])
+    if anchors_path is None and not metadata.get("anchors"):
+        anchors_path = fallback("anchors_path", "anchors", "--anchors FILE")
     if anchors_path is not None:
         anchors = read_anchors(anchors_path)
-    elif metadata.get("anchors"):
-        anchors = np.asarray(metadata["anchors"], np.float32)
     else:
-        raise missing("anchors", "--anchors FILE")
+        anchors = np.asarray(metadata["anchors"], np.float32)
     model_type = model_type or metadata.get("model_type") or model_type_for_anchors(len(anchors))
     if anchor_masks is None:
         anchor_masks = weights_io.stored_anchor_masks(weights_path, model_type)
     anchor_masks = anchor_masks or default_anchor_masks(len(anchors))
     if input_size is None:
-        input_size = metadata.get("input_size")
-        if not input_size:
-            raise missing("the input size", "--input-size")
+        input_size = metadata.get("input_size") or fallback(
+            "input_size", "input size", "--input-size"
+        )
     if isinstance(input_size, int):
         input_size = (input_size, input_size)
     return DetectorSpec(
