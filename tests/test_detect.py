@@ -1,4 +1,5 @@
-"""Detector, image reading and the detect CLI on a tiny model whose heads are set by hand.
+"""Detector, image reading, the detect CLI and the evaluate CLI on a tiny model whose heads
+are set by hand.
 
 The head convolutions get zero kernels, so each head outputs its bias at every cell whatever
 the image: one anchor of the stride-32 head is confident of class 1 ("dog") everywhere, and
@@ -372,3 +373,74 @@ def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
     assert "--anchor-masks" in err and "e.g. '3,4,5 1,2,3'" in err
     assert detect_cli.main([*args, "--anchor-masks", "3,4,9 0,1,2"]) == 2
     assert "beyond the 6 given" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def described_weights(tmp_path_factory):
+    """The hand-set model in a file that records all a detector needs, as train.py writes."""
+    path = str(tmp_path_factory.mktemp("described") / "described.weights.h5")
+    metadata = {
+        "model_type": "tiny",
+        "num_classes": 2,
+        "classes": CLASS_NAMES,
+        "anchors": parse_anchors(ANCHORS_TEXT).tolist(),
+        "anchor_masks": [[3, 4, 5], [0, 1, 2]],
+        "input_size": [INPUT_SIZE, INPUT_SIZE],
+    }
+    save_weights(make_model(), path, metadata)
+    return path
+
+
+def test_cli_takes_what_the_weights_file_records(described_weights, tmp_path, capsys):
+    # No --classes, --anchors or --input-size: the file's own (64 px, its classes and
+    # anchors) give the known grid. At 416 px, the old default, the same heads give a 13 x 13
+    # grid of other boxes.
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(tmp_path / "a.png")
+    output = tmp_path / "out"
+    args = [str(tmp_path / "a.png"), "--weights", described_weights, "--output", str(output)]
+    assert detect_cli.main(args) == 0
+    assert "record no" not in capsys.readouterr().err  # no fallback taken
+    report = json.loads((output / "detections.json").read_text())
+    assert report["input_size"] == [INPUT_SIZE, INPUT_SIZE] and report["classes"] == CLASS_NAMES
+    [record] = report["images"]
+    np.testing.assert_allclose(_sorted_rows(record["boxes"]), EXPECTED_LANDSCAPE, atol=1e-3)
+    assert record["labels"] == ["dog"] * 4
+    # A flag still wins over the file: 96 px is a 3 x 3 grid of the stride-32 head.
+    assert detect_cli.main([*args, "--input-size", "96"]) == 0
+    report = json.loads((output / "detections.json").read_text())
+    assert report["input_size"] == [96, 96] and len(report["images"][0]["boxes"]) == 9
+
+
+def test_cli_says_which_defaults_fill_what_the_file_does_not_record(files, tmp_path, capsys):
+    # Model type and class count only, as a Darknet conversion's file: the class names and
+    # anchors come from the flags, the input size from the fallback, said on stderr.
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(tmp_path / "a.png")
+    args = [
+        str(tmp_path / "a.png"), "--weights", files["weights"], "--anchors", files["anchors"],
+        "--classes", files["classes"], "--output", str(tmp_path / "out"),
+    ]  # fmt: skip
+    assert detect_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert f"weights {files['weights']} record no input size: using 416 (--input-size)" in err
+    report = json.loads((tmp_path / "out" / "detections.json").read_text())
+    assert report["input_size"] == [416, 416]
+
+
+def test_evaluate_tool_takes_what_the_weights_file_records(described_weights, tmp_path):
+    # The truth is the hand-set model's 2 x 2 grid at 64 px: scored with the file's own input
+    # size and classes, mAP 1 with no flag; at 416 px (the flag, or the old default) the
+    # boxes miss them all.
+    evaluate_tool = load_tool("evaluate")
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(tmp_path / "a.png")
+    boxes = " ".join(",".join(str(int(v)) for v in box) + ",1" for box in EXPECTED_LANDSCAPE)
+    (tmp_path / "val.txt").write_text(f"a.png {boxes}\n")
+    args = [
+        "--weights", described_weights, "--annotations", str(tmp_path / "val.txt"),
+        "--no-coco", "--gallery", "0", "--progress", "off",
+    ]  # fmt: skip
+    for extra, expected in (([], 1.0), (["--input-size", "416"], 0.0)):
+        output = tmp_path / f"eval{len(extra)}"
+        assert evaluate_tool.main([*args, *extra, "--output", str(output)]) == 0
+        metrics = json.loads((output / "metrics.json").read_text())
+        assert metrics["voc"]["mAP"] == pytest.approx(expected, abs=1e-6), extra
+        assert [c["class"] for c in metrics["voc"]["per_class"]] == CLASS_NAMES

@@ -128,13 +128,16 @@ def test_anchor_masks_come_from_the_file_or_the_flag(run_folder, tmp_path, capsy
     write_keras2_h5(
         tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), legacy, np.random.default_rng(0)
     )
+    parser = evaluate_tool.build_parser()
+
+    def masks(*flags):
+        args = parser.parse_args(["--weights", legacy, "--anchors", anchors, *flags])
+        spec = evaluate_tool._spec(args, legacy, class_names=["a", "b"], input_size=(SIZE, SIZE))
+        return spec.anchor_masks
+
     # The original keras-yolo3's tiny files were trained with masks 3,4,5 and 1,2,3.
-    _, _, masks = evaluate_tool._model_for(legacy, SMALL_ANCHORS, 2, (SIZE, SIZE))
-    assert masks == ((3, 4, 5), (1, 2, 3))
-    _, _, masks = evaluate_tool._model_for(
-        legacy, SMALL_ANCHORS, 2, (SIZE, SIZE), ((3, 4, 5), (0, 1, 2))
-    )
-    assert masks == ((3, 4, 5), (0, 1, 2))
+    assert masks() == ((3, 4, 5), (1, 2, 3))
+    assert masks("--anchor-masks", "3,4,5 0,1,2") == ((3, 4, 5), (0, 1, 2))
     args = ["--weights", legacy, "--records", records, "--anchors", anchors, "--no-coco",
             "--gallery", "0", "--output", str(tmp_path / "eval")]  # fmt: skip
     assert evaluate_tool.main([*args, "--anchor-masks", "3,4,5 1,2,3"]) == 0

@@ -4,7 +4,10 @@
     python tools/detect.py photos/ --model model.onnx --output out
 
 ``--model`` takes any detector: weights, or a SavedModel, ONNX or TFLite file written by
-``tools/export.py``, whose classes, anchors and thresholds are part of it.
+``tools/export.py``, whose classes, anchors and thresholds are part of it. A weights file's
+own metadata (model type, classes, anchors, masks, input size, as train.py and convert.py
+record them) is used for every flag not given; where the file records none, the COCO
+classes and anchors of ``model_data/`` and 416 px, said on stderr.
 
 Writes ``out/<name>`` for each image (boxes drawn), ``out/<video stem>.detections.mp4`` for
 each video (every ``--video-stride``-th frame, annotated) and ``out/detections.json``:
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
 from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
-from yolo3.detect import Detector, draw_detections  # noqa: E402
+from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
 from yolo3.runtime import load_detector  # noqa: E402
@@ -34,6 +37,12 @@ from yolo3.runtime import load_detector  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv"}
+# For weights that record none: Darknet's COCO files, as the original keras-yolo3 assumed.
+FALLBACKS = {
+    "classes_path": str(REPO_ROOT / "model_data" / "coco_classes.txt"),
+    "anchors_path": str(REPO_ROOT / "model_data" / "yolo_anchors.txt"),
+    "input_size": 416,
+}
 
 
 def build_parser():
@@ -48,12 +57,24 @@ def build_parser():
         help="any detector: a .weights.h5 file, or a SavedModel folder, .onnx or .tflite "
         "file written by tools/export.py (which fixes its thresholds)",
     )
-    parser.add_argument("--anchors", default=str(REPO_ROOT / "model_data" / "yolo_anchors.txt"))
-    parser.add_argument("--classes", default=str(REPO_ROOT / "model_data" / "coco_classes.txt"))
     parser.add_argument(
-        "--model-type", choices=("yolov3", "tiny"), help="default: from the anchor count"
+        "--anchors",
+        help=f"anchors file (default: the weights' metadata, else {FALLBACKS['anchors_path']})",
     )
-    parser.add_argument("--input-size", type=int, default=416, help="a multiple of 32")
+    parser.add_argument(
+        "--classes",
+        help=f"classes file (default: the weights' metadata, else {FALLBACKS['classes_path']})",
+    )
+    parser.add_argument(
+        "--model-type",
+        choices=("yolov3", "tiny"),
+        help="default: the weights' metadata, else from the anchor count",
+    )
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        help=f"a multiple of 32 (default: the weights' metadata, else {FALLBACKS['input_size']})",
+    )
     add_detector_arguments(parser)
     parser.add_argument("--score", type=float, help="score threshold (default 0.3)")
     parser.add_argument("--iou", type=float, help="NMS IoU threshold (default 0.45)")
@@ -65,7 +86,7 @@ def build_parser():
 
 
 def _check_args(parser, args):
-    if args.input_size < 32 or args.input_size % 32:
+    if args.input_size is not None and (args.input_size < 32 or args.input_size % 32):
         parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
     if any(v is not None and not 0.0 <= v <= 1.0 for v in (args.score, args.iou)):
         parser.error("--score and --iou must lie in [0, 1]")
@@ -230,17 +251,19 @@ def detect(args):
             max_detections=args.max_detections,
         )
     else:
-        detector = Detector(
+        detector = load_detector(
             source,
-            args.anchors,
-            args.classes,
+            classes_path=args.classes,
+            anchors_path=args.anchors,
             model_type=args.model_type,
             input_size=args.input_size,
+            anchor_masks=args.anchor_masks,
+            resampling=args.resampling,
             score_threshold=0.3 if args.score is None else args.score,
             iou_threshold=0.45 if args.iou is None else args.iou,
             max_detections=args.max_detections or 100,
-            anchor_masks=args.anchor_masks,
-            resampling=args.resampling,
+            fallbacks=FALLBACKS,
+            log=lambda line: print(line, file=sys.stderr),
         )
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)

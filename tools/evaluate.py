@@ -1,12 +1,18 @@
 """Measure a model's mAP (VOC and COCO) on a record set or an annotation file.
 
     python tools/evaluate.py --weights logs/run/checkpoints/best.weights.h5 --records rec
+    python tools/evaluate.py --weights logs/run/checkpoints/last.weights.h5 --annotations val.txt
     python tools/evaluate.py --weights yolov3.weights.h5 --annotations val.txt \\
-        --classes model_data/coco_classes.txt --anchors model_data/yolo_anchors.txt
-    python tools/evaluate.py --weights yolov3.weights.h5 --anchors model_data/yolo_anchors.txt \\
+        --classes model_data/coco_classes.txt
+    python tools/evaluate.py --weights yolov3.weights.h5 \\
         --coco-json annotations/instances_val2017.json --images val2017
     python tools/evaluate.py --model model-int8.tflite --records rec
     CUDA_VISIBLE_DEVICES=3 python tools/evaluate.py --watch logs/run
+
+The weights file's own metadata (model type, classes, anchors, masks, input size, as
+train.py and convert.py record them) is used for every flag not given; a record set fixes
+the classes and the input size it was made for. A file that records no input size is run at
+416 px, said on stderr.
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
 curve per class (``pr/``) and ``gallery.png`` (true boxes dashed green, detections in
@@ -39,18 +45,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import add_detector_arguments, add_progress_argument, run_main  # noqa: E402
+from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
-from yolo3.model import build_model  # noqa: E402
 from yolo3.progress import counter  # noqa: E402
-from yolo3.resources import model_type_for_anchors, read_anchors  # noqa: E402
-from yolo3.weights import (  # noqa: E402
-    load_weights,
-    read_metadata,
-    stored_anchor_masks,
-    stored_resampling,
-)
+from yolo3.weights import read_metadata  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# For weights that record no input size (Darknet conversions): the original keras-yolo3's.
+FALLBACK_INPUT_SIZE = 416
 
 
 def build_parser():
@@ -67,13 +69,16 @@ def build_parser():
     source.add_argument("--coco-json", help="COCO annotation file, scored as published figures are")
     parser.add_argument("--images", help="--coco-json: the folder of its images")
     parser.add_argument("--split", default="val", help="record-set split (default: val)")
-    parser.add_argument("--classes", help="classes file (annotation files; record sets have it)")
-    parser.add_argument("--anchors", help="anchors file (default: from the weights' metadata)")
+    parser.add_argument(
+        "--classes",
+        help="classes file (default: the weights' metadata; a record set has its own)",
+    )
+    parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
     parser.add_argument(
         "--input-size",
         type=int,
-        default=416,
-        help="network input for annotation files (record sets have theirs)",
+        help="network input for annotation files and --coco-json (default: the weights' "
+        f"metadata, else {FALLBACK_INPUT_SIZE}; a record set has its own)",
     )
     add_detector_arguments(parser)
     parser.add_argument("--image-root", help="folder relative image paths start from")
@@ -94,40 +99,47 @@ def build_parser():
     return parser
 
 
-def _anchors_for(args, metadata):
-    if args.anchors:
-        return read_anchors(args.anchors)
-    if metadata.get("anchors"):
-        return metadata["anchors"]
-    raise ValueError(f"{args.weights} records no anchors: pass --anchors")
+def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None, log=print):
+    """The :class:`yolo3.detector_spec.DetectorSpec` that ``weights`` are scored with: each
+    flag when given, else what the source fixes (``class_names``, ``input_size``: a record
+    set's), else the weights' metadata, else 416 px (said through ``log``)."""
+    return spec_for_weights(
+        weights,
+        classes_path=None if class_names is not None else args.classes,
+        class_names=class_names,
+        anchors_path=args.anchors or anchors_path,
+        input_size=input_size or args.input_size,
+        anchor_masks=args.anchor_masks,
+        resampling=args.resampling,
+        fallbacks={"input_size": FALLBACK_INPUT_SIZE},
+        log=lambda line: log(f"note: {line}"),
+    )
 
 
-def _model_for(weights, anchors, num_classes, input_size, anchor_masks=None):
-    """The loaded model, its anchors and the anchor masks its weights were trained with."""
-    import numpy as np  # noqa: PLC0415
-
-    model_type = model_type_for_anchors(len(anchors))
-    anchor_masks = anchor_masks or stored_anchor_masks(weights, model_type)
-    num_anchors = len(anchor_masks[0]) if anchor_masks else 3
-    model = build_model(model_type, num_classes, num_anchors=num_anchors, input_size=input_size)
-    load_weights(model, weights)
-    return model, np.asarray(anchors, np.float32), anchor_masks
+def _source_spec(args, weights, source, anchors_path=None, log=print):
+    """:func:`_spec` for a record set (its classes and input size) or an annotation file."""
+    if isinstance(source, records.RecordSet):
+        return _spec(
+            args, weights, class_names=source.classes, anchors_path=anchors_path,
+            input_size=source.input_hw, log=log,
+        )  # fmt: skip
+    return _spec(args, weights, anchors_path=anchors_path, log=log)
 
 
-def evaluate_once(args, weights, source, class_names, anchors, output, log=print):
-    is_records = isinstance(source, records.RecordSet)
-    input_size = source.input_hw if is_records else args.input_size
-    model, anchors, anchor_masks = _model_for(
-        weights, anchors, len(class_names), input_size, args.anchor_masks
+def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
+    spec = _source_spec(args, weights, source, anchors_path, log)
+    log(
+        f"{spec.model_type} {spec.input_hw[0]}x{spec.input_hw[1]}, "
+        f"{spec.num_classes} classes: {weights}"
     )
     with _detecting(args, source) as bar:
         evaluation = validate.evaluate_model(
-            model,
+            load_keras_model(weights, spec),
             source,
-            anchors=anchors,
-            anchor_masks=anchor_masks,
-            resampling=args.resampling or stored_resampling(weights),
-            class_names=class_names,
+            anchors=spec.anchor_array,
+            anchor_masks=spec.anchor_masks,
+            resampling=spec.resampling,
+            class_names=list(spec.class_names),
             **_evaluation_options(args, bar),
         )
     return _report(args, evaluation, output, log)
@@ -217,13 +229,10 @@ def single(args):
         )
     if args.coco_json:
         return coco_json(args)
-    metadata = read_metadata(args.weights) or {}
     # A record set's manifest is read here once and handed on.
     source = records.open_record_set(args.records) if args.records else args.annotations
-    class_names = validate.source_classes(source, args.classes)
-    anchors = _anchors_for(args, metadata)
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
-    evaluate_once(args, args.weights, source, class_names, anchors, output)
+    evaluate_once(args, args.weights, source, output)
     return 0
 
 
@@ -234,26 +243,23 @@ def coco_json(args, log=print):
 
     if not args.images:
         raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
-    metadata = read_metadata(args.weights) or {}
-    anchors = _anchors_for(args, metadata)
     data = validate.read_coco_file(args.coco_json)  # read once, handed on
     if args.classes:
         class_names = read_classes(args.classes)
     else:  # the file's categories in order of id, as tools/coco_annotation.py numbers them
         class_names = [c["name"] for c in sorted(data["categories"], key=lambda c: c["id"])]
-    model, anchors, anchor_masks = _model_for(
-        args.weights, anchors, len(class_names), args.input_size, args.anchor_masks
-    )
+    spec = _spec(args, args.weights, class_names=class_names, log=log)
+    model = load_keras_model(args.weights, spec)
     total = min(len(data.get("images", ())), args.limit or len(data.get("images", ())))
     with counter(total, what="evaluate", unit="images", progress=args.progress) as bar:
         results, metrics, num_images = validate.evaluate_coco_json(
             model,
             args.coco_json,
             args.images,
-            anchors=anchors,
-            class_names=class_names,
-            anchor_masks=anchor_masks,
-            resampling=args.resampling or stored_resampling(args.weights),
+            anchors=spec.anchor_array,
+            class_names=list(spec.class_names),
+            anchor_masks=spec.anchor_masks,
+            resampling=spec.resampling,
             batch_size=args.batch_size,
             limit=args.limit,
             data=data,
@@ -290,8 +296,6 @@ def watch(args, log=print):
     config = read_config(os.path.join(log_dir, "config.json"))
     checkpoint = os.path.join(log_dir, "checkpoints", "last.weights.h5")
     source = records.open_record_set(config.val_records or config.records)
-    class_names = validate.source_classes(source)
-    anchors = read_anchors(config.anchors)
     writer = tf.summary.create_file_writer(os.path.join(log_dir, "eval"))
     best, last_epoch, last_change = -1.0, 0, time.monotonic()
     while True:
@@ -305,7 +309,7 @@ def watch(args, log=print):
             epoch = read_metadata(snapshot)["epoch"]
             output = os.path.join(log_dir, "eval", f"epoch-{epoch:04d}")
             log(f"epoch {epoch}: evaluating {snapshot}")
-            evaluation = evaluate_once(args, snapshot, source, class_names, anchors, output, log)
+            evaluation = evaluate_once(args, snapshot, source, output, config.anchors, log)
             with writer.as_default(step=epoch):
                 for name, value in evaluation.summary().items():
                     tf.summary.scalar(name, value)
