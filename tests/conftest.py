@@ -27,15 +27,3 @@ def four_replicas():
     ("Function was cancelled before it was started"), so the tests share this one.
     """
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(NUM_LOGICAL_CPUS)])
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files that hold slow tests first, each file's tests in their own order.
-
-    Under ``-n 2 --dist loadfile`` each file runs whole on one of the two processes, in this
-    order: the long files start early and the quick ones fill the end, so that neither
-    process waits alone on a long file at the end of the run.
-    """
-    del config
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: files stay whole
