@@ -27,6 +27,7 @@ from yolo3 import weights as yolo_weights  # noqa: E402
 from yolo3.cli import argument_type, run_main  # noqa: E402
 from yolo3.model import MODEL_TYPES, build_model  # noqa: E402
 from yolo3.resources import (  # noqa: E402
+    DARKNET_INPUT_SIZE,
     default_anchor_masks,
     model_type_for_anchors,
     parse_anchor_masks,
@@ -36,7 +37,6 @@ from yolo3.resources import (  # noqa: E402
 
 # Settings of --to-darknet, as argparse names them.
 EXPORT_FLAGS = ("model_type", "num_classes", "anchors", "anchor_masks", "input_size")
-DEFAULT_INPUT_SIZE = (416, 416)  # Darknet's own [net] size
 
 
 def build_parser():
@@ -187,7 +187,7 @@ def _export_settings(args):
     )
     input_size = args.input_size or metadata.get("input_size")
     if not input_size:
-        input_size = DEFAULT_INPUT_SIZE
+        input_size = (DARKNET_INPUT_SIZE, DARKNET_INPUT_SIZE)
         print(f"{source} does not record its input size; the cfg gets 416x416 (--input-size)")
     return {
         "model_type": model_type,

@@ -32,6 +32,7 @@ from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
 from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
+from yolo3.resources import DARKNET_INPUT_SIZE  # noqa: E402
 from yolo3.runtime import load_detector  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv"}
 FALLBACKS = {
     "classes_path": str(REPO_ROOT / "model_data" / "coco_classes.txt"),
     "anchors_path": str(REPO_ROOT / "model_data" / "yolo_anchors.txt"),
-    "input_size": 416,
+    "input_size": DARKNET_INPUT_SIZE,
 }
 
 

@@ -48,11 +48,10 @@ from yolo3.cli import add_detector_arguments, add_progress_argument, run_main  #
 from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.progress import counter  # noqa: E402
+from yolo3.resources import DARKNET_INPUT_SIZE  # noqa: E402
 from yolo3.weights import read_metadata  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# For weights that record no input size (Darknet conversions): the original keras-yolo3's.
-FALLBACK_INPUT_SIZE = 416
 
 
 def build_parser():
@@ -78,7 +77,7 @@ def build_parser():
         "--input-size",
         type=int,
         help="network input for annotation files and --coco-json (default: the weights' "
-        f"metadata, else {FALLBACK_INPUT_SIZE}; a record set has its own)",
+        f"metadata, else {DARKNET_INPUT_SIZE}; a record set has its own)",
     )
     add_detector_arguments(parser)
     parser.add_argument("--image-root", help="folder relative image paths start from")
@@ -111,7 +110,7 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
         input_size=input_size or args.input_size,
         anchor_masks=args.anchor_masks,
         resampling=args.resampling,
-        fallbacks={"input_size": FALLBACK_INPUT_SIZE},
+        fallbacks={"input_size": DARKNET_INPUT_SIZE},
         log=lambda line: log(f"note: {line}"),
     )
 
@@ -239,14 +238,12 @@ def single(args):
 def coco_json(args, log=print):
     """``--coco-json``: detection on the original images, scored by pycocotools."""
     from yolo3 import evaluate  # noqa: PLC0415
-    from yolo3.resources import read_classes  # noqa: PLC0415
 
     if not args.images:
         raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
     data = validate.read_coco_file(args.coco_json)  # read once, handed on
-    if args.classes:
-        class_names = read_classes(args.classes)
-    else:  # the file's categories in order of id, as tools/coco_annotation.py numbers them
+    class_names = None  # --classes, read by _spec
+    if not args.classes:  # the file's categories in order of id, as coco_annotation.py numbers
         class_names = [c["name"] for c in sorted(data["categories"], key=lambda c: c["id"])]
     spec = _spec(args, args.weights, class_names=class_names, log=log)
     model = load_keras_model(args.weights, spec)

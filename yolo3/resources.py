@@ -7,6 +7,10 @@ Classes file: one class name per line; blank lines are ignored.
 
 import numpy as np
 
+# The input size of Darknet's COCO weights and of the original keras-yolo3: what the tools use
+# for a weights file that records none (a Darknet conversion without a fixed size).
+DARKNET_INPUT_SIZE = 416
+
 # Darknet's ``mask`` of each [yolo] section, largest stride first. The tiny mask is the one
 # in the current yolov3-tiny.cfg (0,1,2); the original keras-yolo3 used 1,2,3, which leaves
 # anchor 0 unused, so boxes whose best anchor is 0 were never trained. Pass
