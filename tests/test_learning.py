@@ -18,13 +18,11 @@ them training.
 """
 
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_tool
 from PIL import Image
 
 from yolo3.annotations import parse_annotations
@@ -44,16 +42,6 @@ BATCH_SIZE = 16
 LEARNING_RATE = 8e-3  # Adam, for this batch size (--lr-reference-batch BATCH_SIZE)
 IGNORE_THRESH = 0.5
 MIN_MAP = 0.5
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(script, argv):
-    """One tool in a process of its own, as the demo runs it."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / script), *argv], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stderr[-3000:]}"
 
 
 def _detect_all(detector, paths, batch=64):
@@ -92,16 +80,12 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
         "--gpus", "0", "--quiet",
     ]  # fmt: skip
 
-    started = time.perf_counter()
-    _run("tools/make_demo_dataset.py", generate)
-    times["generate"] = time.perf_counter() - started
-    started = time.perf_counter()
-    _run("tools/kmeans.py", fit_anchors)
-    _run("tools/preprocess.py", preprocess)
-    times["anchors + preprocess"] = time.perf_counter() - started
-    started = time.perf_counter()
-    _run("train.py", fit)
-    times["train"] = time.perf_counter() - started
+    # Each tool in a process of its own, timed, by the demo's own runner.
+    run = load_tool("demo")._run
+    run("generate", "tools/make_demo_dataset.py", generate, times)
+    run("anchors", "tools/kmeans.py", fit_anchors, times)
+    run("preprocess", "tools/preprocess.py", preprocess, times)
+    run("train", "train.py", fit, times)
 
     started = time.perf_counter()
     class_names = read_classes(data / "classes.txt")
