@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import training  # noqa: E402
 from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
-from yolo3.cli import KNOWN_ERRORS, fail, run_main  # noqa: E402
+from yolo3.cli import KNOWN_ERRORS, fail, output_folder, run_main  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -54,7 +54,9 @@ def build_parser():
         help="initial weights: converted Darknet, our checkpoints or "
         "original keras-yolo3 .h5 (mismatched heads are skipped and reported)",
     )
-    data.add_argument("--log-dir", default="logs/run", help="checkpoints, TensorBoard, config")
+    data.add_argument(
+        "--log-dir", type=output_folder, default="logs/run", help="checkpoints, TensorBoard, config"
+    )
     sched = parser.add_argument_group("schedule")
     sched.add_argument("--epochs", type=int, default=defaults.epochs)
     sched.add_argument(

@@ -128,7 +128,7 @@ def test_voc_strict_and_bad_arguments(tmp_path, capsys):
     make_devkit(tmp_path / "VOCdevkit")
     output = tmp_path / "train.txt"
     argv = ["--devkit", str(tmp_path / "VOCdevkit"), "--output", str(output)]
-    assert voc_tool.main(argv + ["--strict"]) == 1
+    assert voc_tool.main(argv + ["--strict"]) == 2
     assert "2 XML files missing or unreadable (--strict)" in capsys.readouterr().err
     assert not output.exists()
     assert voc_tool.main(argv + ["--sets", "2007:test"]) == 2

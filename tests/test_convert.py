@@ -189,7 +189,7 @@ def test_weights_file_loads_in_fresh_process_and_under_strategy(converted, tmp_p
 def test_cli_writes_keras_model_that_reloads_safely(converted, tmp_path, capsys):
     case = converted("tiny")
     output = tmp_path / "tiny.keras"
-    assert convert_tool.main([case.cfg, case.weights, str(output), "--fixed_size"]) == 0
+    assert convert_tool.main([case.cfg, case.weights, str(output), "--fixed-size"]) == 0
     printed = capsys.readouterr().out
     assert "tiny (80 classes, 8,858,734 parameters" in printed and str(output) in printed
 
@@ -213,6 +213,15 @@ def test_cli_weights_only_renames_h5(converted, tmp_path, capsys):
     assert len(report["loaded"]) == 13 + 11  # convolutions + batch norms
     for got, want in zip(fresh.get_weights(), case.model.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
+    # The earlier release's spelling still works, out of --help.
+    argv = [case.cfg, case.weights, str(tmp_path / "old.h5"), "--weights_only"]
+    assert convert_tool.main(argv) == 0
+    old = tiny_yolo_body(num_classes=80)
+    yolo_weights.load_weights(old, str(tmp_path / "old.weights.h5"))
+    for got, want in zip(old.get_weights(), case.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    help_text = convert_tool.build_parser().format_help()
+    assert "--weights-only" in help_text and "--weights_only" not in help_text
     assert yolo_weights.read_metadata(str(written))["num_anchors"] == 3
 
 
@@ -318,3 +327,12 @@ def test_unsupported_network_is_named(tmp_path):
     cfg, _ = _edit_cfg(tmp_path, "[yolo]", "[softmax]", occurrence=0)
     with pytest.raises(ValueError, match=r"13 \[convolutional\] and 1 \[yolo\].*yolov3-tiny.cfg"):
         darknet.convert(cfg, "unused.weights")
+
+
+def test_swapped_cfg_and_weights_are_named(tmp_path, capsys):
+    weights = tmp_path / "tiny.weights"
+    weights.write_bytes(np.arange(8, dtype="<i4").tobytes() + bytes([0xAB]) * 64)
+    cfg = tmp_path / "tiny.cfg"
+    write_cfg(cfg, "tiny", 80, 128)
+    assert convert_tool.main([str(weights), str(cfg), str(tmp_path / "out.weights.h5")]) == 2
+    assert f"cfg file {weights} is not text; a Darknet .cfg comes first" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from yolo3.detect import Detector, draw_detections
 from yolo3.image import load_rgb
 from yolo3.model import build_model
 from yolo3.resources import parse_anchors
-from yolo3.weights import save_weights
+from yolo3.weights import load_weights, save_weights
 
 detect_cli = load_tool("detect")
 
@@ -206,8 +206,9 @@ def test_load_rgb_converts_modes_and_applies_exif_orientation(tmp_path):
 def test_load_rgb_names_an_unreadable_file(tmp_path):
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"this is not an image")
-    with pytest.raises(ValueError, match="broken.png"):
+    with pytest.raises(ValueError, match="broken.png: not in an image format") as raised:
         load_rgb(broken)
+    assert "BytesIO" not in str(raised.value)  # Pillow's name for its buffer, not the file
     with pytest.raises(FileNotFoundError, match="missing.jpg"):
         load_rgb(tmp_path / "missing.jpg")
 
@@ -424,6 +425,17 @@ def test_cli_says_which_defaults_fill_what_the_file_does_not_record(files, tmp_p
     assert f"weights {files['weights']} record no input size: using 416 (--input-size)" in err
     report = json.loads((tmp_path / "out" / "detections.json").read_text())
     assert report["input_size"] == [416, 416]
+
+
+def test_weights_of_the_other_model_type_are_refused(described_weights, tmp_path, capsys):
+    # The file records tiny: a YOLOv3 asked for by flag or built by hand does not load it.
+    refusal = f"weights {described_weights} are for a tiny model, not yolov3"
+    with pytest.raises(ValueError, match=refusal):
+        load_weights(build_model("yolov3", 2, input_size=INPUT_SIZE), described_weights)
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(tmp_path / "a.png")
+    args = [str(tmp_path / "a.png"), "--weights", described_weights, "--model-type", "yolov3"]
+    assert detect_cli.main([*args, "--output", str(tmp_path / "out")]) == 2
+    assert refusal in capsys.readouterr().err
 
 
 def test_evaluate_tool_takes_what_the_weights_file_records(described_weights, tmp_path):

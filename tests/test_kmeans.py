@@ -183,5 +183,5 @@ def test_tool_refuses_what_cannot_be_written(tmp_path, capsys):
     assert "input size 400 is not a multiple of 32" in capsys.readouterr().err
     few = tmp_path / "few.txt"
     few.write_text("a.jpg 0,0,5,5,0\n")
-    assert kmeans_tool.main(["--annotations", str(few), "--no-letterbox"]) == 1
+    assert kmeans_tool.main(["--annotations", str(few), "--no-letterbox"]) == 2  # bad input
     assert "1 boxes are too few for 9 anchors" in capsys.readouterr().err

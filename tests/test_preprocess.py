@@ -306,6 +306,14 @@ def test_strict_turns_any_reject_into_an_error(tmp_path, capsys):
     # Without --strict the same input is a record set with one image.
     assert _run([*argv, "--annotations", annotations, "--output", str(out)]) == 0
     assert records.read_manifest(str(out))["splits"]["train"]["images"] == 1
+    # Nothing usable: the first reasons, with their file:line, without --strict too.
+    lines = ["a.jpg 40,8,8,32,0", "b.jpg 8,8,40,32,7"]
+    annotations = _write_lines(tmp_path / "bad", lines, "useless.txt")
+    assert _run([*argv, "--annotations", annotations, "--output", str(tmp_path / "c")]) == 2
+    error = capsys.readouterr().err
+    assert f"no usable images in {annotations}; the reasons:" in error
+    assert f"{annotations}:1: box 40,8,8,32,0 has x_max < x_min" in error
+    assert f"{annotations}:2: box 8,8,40,32,7" in error
 
 
 # --- boxes and pixels -----------------------------------------------------------------------

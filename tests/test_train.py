@@ -168,6 +168,12 @@ def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
     wrong = write_anchors(tmp_path / "nine.txt", np.tile(SMALL_ANCHORS, (2, 1))[:9])
     assert train.main(train_args(records, tmp_path, wrong, "--model", "tiny")) == 2
     assert "6" in capsys.readouterr().err
+    # Tiny's weights share layer names with YOLOv3's first layers, not their meaning: nine
+    # anchors make a YOLOv3, which the file's metadata refuses before any model is built.
+    tiny_file = str(tmp_path / "tiny.weights.h5")
+    save_weights(_body(), tiny_file, {"model_type": "tiny"})
+    assert train.main(train_args(records, tmp_path, wrong, "--weights", tiny_file)) == 2
+    assert f"weights {tiny_file} are for a tiny model, not yolov3" in capsys.readouterr().err
 
 
 def test_test_io_and_benchmark_modes(record_set, tmp_path, capsys):

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import darknet, darknet_writer  # noqa: E402
 from yolo3 import weights as yolo_weights  # noqa: E402
-from yolo3.cli import argument_type, run_main  # noqa: E402
+from yolo3.cli import argument_type, output_file, run_main  # noqa: E402
 from yolo3.model import MODEL_TYPES, build_model  # noqa: E402
 from yolo3.resources import (  # noqa: E402
     DARKNET_INPUT_SIZE,
@@ -54,19 +54,23 @@ def build_parser():
     parser.add_argument(
         "output_path",
         nargs="?",
+        type=output_file,
         help="*.weights.h5 for weights, *.keras for a full model (not with --to-darknet)",
     )
     parser.add_argument(
         "-w",
-        "--weights_only",
+        "--weights-only",
         action="store_true",
         help="write weights only (x.h5 becomes x.weights.h5)",
     )
     parser.add_argument(
-        "--fixed_size",
+        "--fixed-size",
         action="store_true",
         help="build for the cfg's width x height instead of any multiple of 32",
     )
+    # The spellings of earlier releases, kept working for a release, out of --help.
+    for old in ("--weights_only", "--fixed_size"):
+        parser.add_argument(old, action="store_true", dest=old[2:], help=argparse.SUPPRESS)
     export = parser.add_argument_group(
         "Keras -> Darknet", "the settings default to what the weights file's metadata records"
     )
@@ -111,7 +115,7 @@ def _check_args(parser, args):
     if args.output_path is not None:
         parser.error(f"--to-darknet writes config_path and weights_path; drop {args.output_path}")
     if args.weights_only or args.fixed_size:
-        parser.error("-w and --fixed_size apply to Darknet -> Keras, not --to-darknet")
+        parser.error("-w and --fixed-size apply to Darknet -> Keras, not --to-darknet")
     if args.num_classes is not None and args.num_classes < 1:
         parser.error(f"--num-classes {args.num_classes} must be at least 1")
 
@@ -122,7 +126,7 @@ def resolve_output(output_path, weights_only):
         return output_path, "weights"
     if weights_only:
         if output_path.endswith(".keras"):
-            raise ValueError(f"--weights_only writes weights, but {output_path} ends with .keras")
+            raise ValueError(f"--weights-only writes weights, but {output_path} ends with .keras")
         stem = output_path[: -len(".h5")] if output_path.endswith(".h5") else output_path
         return stem + ".weights.h5", "weights"
     if output_path.endswith(".keras"):

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
-from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
+from yolo3.cli import add_detector_arguments, output_folder, run_main  # noqa: E402
 from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
@@ -80,7 +80,9 @@ def build_parser():
     parser.add_argument("--score", type=float, help="score threshold (default 0.3)")
     parser.add_argument("--iou", type=float, help="NMS IoU threshold (default 0.45)")
     parser.add_argument("--max-detections", type=int, help="per image (default 100)")
-    parser.add_argument("--output", required=True, help="folder for annotated files and JSON")
+    parser.add_argument(
+        "--output", type=output_folder, required=True, help="folder for annotated files and JSON"
+    )
     parser.add_argument("--video-stride", type=int, default=1, help="use every Nth frame")
     parser.add_argument("--batch-size", type=int, default=8, help="images per model call")
     return parser

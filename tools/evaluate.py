@@ -44,7 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import fileio, records, validate  # noqa: E402
-from yolo3.cli import add_detector_arguments, add_progress_argument, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    add_detector_arguments,
+    add_progress_argument,
+    output_folder,
+    run_main,
+)
 from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.progress import counter  # noqa: E402
@@ -81,7 +86,9 @@ def build_parser():
     )
     add_detector_arguments(parser)
     parser.add_argument("--image-root", help="folder relative image paths start from")
-    parser.add_argument("--output", help="report folder (default: beside the weights)")
+    parser.add_argument(
+        "--output", type=output_folder, help="report folder (default: beside the weights)"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from yolo3.cli import add_detector_arguments, run_main  # noqa: E402
+from yolo3.cli import add_detector_arguments, check_output_path, run_main  # noqa: E402
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
@@ -69,6 +69,10 @@ def _check_args(parser, args):
     suffix = FORMAT_SUFFIX.get(args.format)
     if suffix and not args.output.endswith(suffix):
         parser.error(f"--output {args.output}: a {args.format} file must end with {suffix}")
+    try:
+        check_output_path(args.output, folder=suffix is None)
+    except ValueError as err:
+        parser.error(f"--output {err}")
     if args.input_size is not None and (args.input_size < 32 or args.input_size % 32):
         parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
     if not 0.0 <= args.score <= 1.0 or not 0.0 <= args.iou <= 1.0:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import kmeans  # noqa: E402
 from yolo3.annotations import parse_annotation_files, write_annotations  # noqa: E402
-from yolo3.cli import fail, run_main  # noqa: E402
+from yolo3.cli import fail, output_file, run_main  # noqa: E402
 from yolo3.resources import parse_anchors, read_anchors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,9 @@ def build_parser():
     parser.add_argument(
         "--no-letterbox", action="store_true", help="cluster original pixel sizes, read no image"
     )
-    parser.add_argument("--output", help="anchors file to write (needs -k 6 or 9)")
+    parser.add_argument(
+        "--output", type=output_file, help="anchors file to write (needs -k 6 or 9)"
+    )
     parser.add_argument(
         "--compare", help="anchors file to compare with (default the shipped one for -k)"
     )
@@ -75,7 +77,7 @@ def _check_args(parser, args):
 
 
 def fit_anchors(args):
-    """Clusters the boxes of the annotation files; status 1 when they cannot give k anchors."""
+    """Clusters the boxes of the annotation files; status 2 when they cannot give k anchors."""
     entries, rejects, counts = parse_annotation_files(
         args.annotations, num_classes=None, image_root=args.image_root
     )
@@ -85,13 +87,13 @@ def fit_anchors(args):
     print(f"{len(wh)} boxes from {counts['images']} images, sizes in {unit}")
     _report_skipped(rejects, unreadable, outside)
     if len(wh) < args.k:
-        return fail(f"{len(wh)} boxes are too few for {args.k} anchors", status=1)
+        return fail(f"{len(wh)} boxes are too few for {args.k} anchors")
     try:
         anchors, _ = kmeans.iou_kmeans(
             wh, args.k, seed=args.seed, iterations=args.iterations, restarts=args.restarts
         )
     except ValueError as err:
-        return fail(err, status=1)
+        return fail(err)
     # Report the IoU of the whole-pixel anchors that are printed and written.
     text = kmeans.format_anchors(anchors)
     written = parse_anchors(text) if args.k in DEFAULT_ANCHORS else anchors.round()

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
-from yolo3.cli import add_progress_argument, fail, run_main  # noqa: E402
+from yolo3.cli import add_progress_argument, fail, output_folder, run_main  # noqa: E402
 from yolo3.resources import parse_size, read_classes  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def build_parser():
     )
     parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
     parser.add_argument("--classes", help="classes file, one name per line")
-    parser.add_argument("--output", help="output folder of the record set")
+    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
     parser.add_argument(
         "--input-size",
         type=_input_size,

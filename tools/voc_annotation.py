@@ -190,7 +190,7 @@ def write_lines(args):
     )
     print_summary(counts, class_names, problems)
     if problems and args.strict:
-        return fail(f"{len(problems)} XML files missing or unreadable (--strict)", status=1)
+        return fail(f"{len(problems)} XML files missing or unreadable (--strict)")
     write_annotations(args.output, lines)
     print(f"wrote {len(lines)} lines to {args.output}")
     if args.classes_output:

@@ -7,9 +7,12 @@ traceback; an unexpected error keeps its traceback, because it is a bug to repor
 """
 
 import argparse
+import os
 import sys
 
-KNOWN_ERRORS = (FileNotFoundError, ValueError)
+# OSError: a path a user gave that cannot be read or written (permissions, a file where a
+# folder goes, a full disk) is their mistake to fix, not a bug to report with a traceback.
+KNOWN_ERRORS = (OSError, ValueError)
 
 
 def argument_type(parse):
@@ -23,6 +26,41 @@ def argument_type(parse):
 
     convert.__name__ = parse.__name__
     return convert
+
+
+def _blocking_ancestor(path):
+    """The nearest existing ancestor of ``path`` when it is not a folder, else None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return None if os.path.isdir(parent) else parent
+
+
+def check_output_path(text, *, folder):
+    """``text`` when a ``folder`` (or a file) can be written there; ValueError naming what is
+    in the way otherwise. Remote paths (``gs://``) are left to the storage."""
+    if "://" in text:
+        return text
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    if os.path.exists(text) and os.path.isdir(text) != folder:
+        raise ValueError(f"{text} is a {other}; give a {kind} path")
+    blocking = _blocking_ancestor(text)
+    if blocking is not None:
+        raise ValueError(f"{text}: {blocking} is a file, so no {kind} can be made under it")
+    return text
+
+
+def _output_folder(text):
+    return check_output_path(text, folder=True)
+
+
+def _output_file(text):
+    return check_output_path(text, folder=False)
+
+
+# ``type=`` of output flags: checked while parsing, before any work starts.
+output_folder = argument_type(_output_folder)
+output_file = argument_type(_output_file)
 
 
 def add_detector_arguments(parser):

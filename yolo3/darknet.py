@@ -96,26 +96,32 @@ def parse_cfg(path):
     """Reads a Darknet cfg into a list of :class:`Section`, ``[net]`` first."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"cfg file {path} does not exist")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"cfg file {path} is not text; a Darknet .cfg comes first, then its .weights"
+        ) from None
     sections = []
-    with open(path, encoding="utf-8") as f:
-        for number, raw in enumerate(f, start=1):
-            line = re.split(r"[#;]", raw, maxsplit=1)[0].strip()
-            if not line:
-                continue
-            if line.startswith("["):
-                name = line.strip("[]").strip().lower()
-                if not line.endswith("]") or name not in SECTION_ALIASES:
-                    raise ValueError(
-                        f"{path}, line {number}: unsupported section {line}; supported "
-                        f"sections are {', '.join(f'[{s}]' for s in SUPPORTED_SECTIONS)}"
-                    )
-                sections.append(Section(SECTION_ALIASES[name], number, {}, str(path)))
-            elif "=" in line and sections:
-                key, value = (part.strip() for part in line.split("=", 1))
-                sections[-1].options[key] = value
-            else:
-                where = "before the first section" if not sections else "expected key=value"
-                raise ValueError(f"{path}, line {number}: cannot read {line!r} ({where})")
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = re.split(r"[#;]", raw, maxsplit=1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("["):
+            name = line.strip("[]").strip().lower()
+            if not line.endswith("]") or name not in SECTION_ALIASES:
+                raise ValueError(
+                    f"{path}, line {number}: unsupported section {line}; supported "
+                    f"sections are {', '.join(f'[{s}]' for s in SUPPORTED_SECTIONS)}"
+                )
+            sections.append(Section(SECTION_ALIASES[name], number, {}, str(path)))
+        elif "=" in line and sections:
+            key, value = (part.strip() for part in line.split("=", 1))
+            sections[-1].options[key] = value
+        else:
+            where = "before the first section" if not sections else "expected key=value"
+            raise ValueError(f"{path}, line {number}: cannot read {line!r} ({where})")
     if not sections or sections[0].kind != "net":
         raise ValueError(f"{path}: a Darknet cfg starts with a [net] section")
     return sections

@@ -205,7 +205,10 @@ def decode_rgb(data, name="image"):
             image.load()  # decode now, so a truncated file fails here and not later
             image = ImageOps.exif_transpose(image)
             return np.asarray(to_rgb(image), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+    except UnidentifiedImageError as err:
+        # Pillow's own text names its BytesIO buffer, not the file.
+        raise ValueError(f"cannot read image {name}: not in an image format Pillow reads") from err
+    except (OSError, ValueError, SyntaxError) as err:
         # Pillow reports corrupt data as OSError, SyntaxError (bad PNG chunks) or ValueError.
         raise ValueError(f"cannot read image {name}: {err}") from err
 

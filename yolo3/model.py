@@ -23,6 +23,8 @@ BN_EPSILON = 1e-6
 LEAKY_SLOPE = 0.1
 DEFAULT_WEIGHT_DECAY = 5e-4
 MODEL_TYPES = ("yolov3", "tiny")
+# The name each builder gives its model: how a built model says which architecture it is.
+MODEL_NAMES = {"yolov3": "yolo_body", "tiny": "tiny_yolo_body", "darknet53": "darknet53"}
 
 
 class _Builder:
@@ -178,7 +180,7 @@ def yolo_body(
     x = builder.upsample(builder.conv(x, 128, 1))
     x = builder.concat([x, stride_8])
     _, head_8 = _detection_block(builder, x, 128, out_channels)
-    return keras.Model(inputs, [head_32, head_16, head_8], name="yolo_body")
+    return keras.Model(inputs, [head_32, head_16, head_8], name=MODEL_NAMES["yolov3"])
 
 
 def tiny_yolo_body(
@@ -213,7 +215,7 @@ def tiny_yolo_body(
     x = builder.upsample(builder.conv(x, 128, 1))
     x = builder.concat([x, stride_16])
     head_16 = builder.conv(builder.conv(x, 256, 3), out_channels, 1, batch_norm=False)
-    return keras.Model(inputs, [head_32, head_16], name="tiny_yolo_body")
+    return keras.Model(inputs, [head_32, head_16], name=MODEL_NAMES["tiny"])
 
 
 def darknet53_classifier(
@@ -233,7 +235,7 @@ def darknet53_classifier(
     x = builder.conv(x, num_classes, 1, batch_norm=False)
     x = layers.Flatten(name="flatten")(x)
     outputs = layers.Softmax(name="softmax")(x)
-    return keras.Model(inputs, outputs, name="darknet53")
+    return keras.Model(inputs, outputs, name=MODEL_NAMES["darknet53"])
 
 
 def build_model(model_type, num_classes, *, num_anchors=3, input_size=None, **kwargs):
@@ -249,6 +251,11 @@ def build_model(model_type, num_classes, *, num_anchors=3, input_size=None, **kw
     height, width = input_size if input_size is not None else (None, None)
     body = yolo_body if model_type == "yolov3" else tiny_yolo_body
     return body(None, num_anchors, num_classes, input_shape=(height, width, 3), **kwargs)
+
+
+def model_type_of(model):
+    """``"yolov3"``, ``"tiny"`` or ``"darknet53"`` for a model built here, else None."""
+    return {name: kind for kind, name in MODEL_NAMES.items()}.get(getattr(model, "name", None))
 
 
 def head_layer_names(model_type):

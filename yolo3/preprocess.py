@@ -431,9 +431,12 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
     workers = workers or os.cpu_count() or 1
     dataset = load_dataset(config)
     if strict and dataset.rejects:
-        raise RejectError(_describe_rejects(dataset.rejects))
+        raise RejectError(_describe_rejects(STRICT_HEADER, dataset.rejects))
     if not dataset.splits["train"]:
-        raise ValueError(f"no usable images in {', '.join(config.annotations)}")
+        where = f"no usable images in {', '.join(config.annotations)}"
+        if not dataset.rejects:
+            raise ValueError(where)
+        raise ValueError(_describe_rejects(f"{where}; the reasons:", dataset.rejects, limit=3))
     _prepare_output(config, overwrite)
     plan = _shard_plan(dataset, config)
     # Shards of an earlier run over other annotations (another count) are not part of this set.
@@ -469,7 +472,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
                 for reason, message in image_rejects:
                     shard_rejects.append((entry.source, entry.line, reason, message))
                 if strict and image_rejects:
-                    raise RejectError(_describe_rejects(shard_rejects))
+                    raise RejectError(_describe_rejects(STRICT_HEADER, shard_rejects))
                 bar.update(1)
             order = np.random.default_rng((config.seed, SPLIT_IDS[split], index, 1))
             shard_records = [shard_records[i] for i in order.permutation(len(shard_records))]
@@ -494,10 +497,13 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
     return _write_manifest(config, dataset, plan, records)
 
 
-def _describe_rejects(rejects, limit=10):
+STRICT_HEADER = "rejected input (--strict):"
+
+
+def _describe_rejects(header, rejects, limit=10):
     lines = [message for *_, message in rejects[:limit]]
     more = f"\n... and {len(rejects) - limit} more" if len(rejects) > limit else ""
-    return "rejected input (--strict):\n" + "\n".join(lines) + more
+    return header + "\n" + "\n".join(lines) + more
 
 
 def _write_manifest(config, dataset, plan, records):

@@ -40,7 +40,7 @@ from yolo3.trainer import (
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.weights import load_weights
+from yolo3.weights import check_model_type, load_weights
 
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
@@ -382,6 +382,8 @@ def run(config, *, log=print):
             f"--model {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
             f"{config.anchors} has {len(anchors)}"
         )
+    if config.weights:
+        check_model_type(model_type, config.weights)  # before any model is built
     anchor_masks = default_anchor_masks(len(anchors))
     if config.local_steps is not None and config.sync_bn:
         raise ValueError(

@@ -140,7 +140,29 @@ def load_weights(model, path, *, skip_mismatch=False):
         arrays = read_named_arrays(path)
         if arrays is None:
             raise ValueError(f"{path} is not a Keras weights file (no 'layers' group)")
+        from yolo3.model import model_type_of  # noqa: PLC0415
+
+        check_model_type(model_type_of(model), path)
     return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
+
+
+def check_model_type(model_type, path):
+    """ValueError naming both when ``path`` records weights of the detector type other than
+    ``model_type``.
+
+    A darknet53 backbone loads into YOLOv3 (its first 52 layers); YOLOv3 and tiny share
+    layer names but not their meaning, so a partial load of one into the other is refused.
+    """
+    from yolo3.model import MODEL_TYPES  # noqa: PLC0415
+
+    if path.endswith(".keras") or not os.path.exists(path):
+        return  # a .keras archive records its own architecture; a missing file fails later
+    recorded = (read_metadata(path) or {}).get("model_type")
+    if recorded in MODEL_TYPES and model_type in MODEL_TYPES and recorded != model_type:
+        raise ValueError(
+            f"weights {path} are for a {recorded} model, not {model_type}: use model type "
+            f"{recorded}, or weights of a {model_type} model"
+        )
 
 
 def assign_by_name(model, arrays, source, *, skip_mismatch=False):
