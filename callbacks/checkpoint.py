@@ -19,6 +19,7 @@ file that looks complete but is not. The template files load with
 import json
 import math
 import os
+import shutil
 
 import h5py
 import keras
@@ -95,12 +96,19 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         logs = _finite_logs(logs)
         metadata = {**self.metadata, "epoch": finished, "logs": logs}
         self._save_template(LAST, metadata)
+        copies = []
         value = logs.get(self.monitor)
         if value is not None and value < self.best:
             self.best = value
-            self._save_template(BEST, metadata)
+            copies.append(BEST)
         if self.every and finished % self.every == 0:
-            self._save_template(f"epoch-{finished:04d}.weights.h5", metadata)
+            copies.append(f"epoch-{finished:04d}.weights.h5")
+        if self.worker.is_chief:
+            # The same weights and metadata as last: a file copy, not another serialisation.
+            last = os.path.join(self.directory, LAST)
+            for name in copies:
+                with atomic_write(os.path.join(self.directory, name)) as temp:
+                    shutil.copyfile(last, temp)
         with self._where(STATE) as path, atomic_write(path) as temp:
             self.model.save_weights(temp)
             with h5py.File(temp, "a") as f:

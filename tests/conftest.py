@@ -2,11 +2,18 @@
 
 Logical devices can only be configured before TensorFlow initialises its runtime, which is
 why this happens at import time of the test session, before any test module builds a model.
+
+XLA compiles with LLVM's optimisations off (``--xla_backend_optimization_level=0``), in this
+process and in every process a test starts: the tests check that steps compile and compute
+the right numbers, not how fast the machine code runs, and the optimisations took about 40%
+of an XLA test's time (tests/test_xla.py's train.py run: 24 s with them, 15 s without). XLA's
+own graph passes, which decide what is computed, run either way.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
