@@ -281,9 +281,11 @@ class LocalStepsState(keras.layers.Layer):
         steps = self.overlap_steps
         position = tf.minimum(tf.identity(self.position), steps)
         width = self.sent.shape[1]
-        # After the T-th step an empty chunk: the collective stays (every step holds the
-        # same ones on every worker) but sends nothing.
-        size = tf.where(position < steps, width, 0)
+        # After the T-th step a one-element chunk, written to the spare row T: the
+        # collective stays (every step holds the same ones on every worker) and sends next
+        # to nothing. Not an empty one: TensorFlow's CPU collectives crash the process
+        # (segmentation fault) within a few hundred all-reduces of zero elements.
+        size = tf.where(position < steps, width, 1)
         chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
         (mean,) = self._mean([chunk])
         mean = tf.pad(mean, [[0, width - size]])
