@@ -17,16 +17,17 @@ command to resume.
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from yolo3.cli import start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import training  # noqa: E402
 from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
-from yolo3.cli import KNOWN_ERRORS, fail, output_folder, run_main  # noqa: E402
+from yolo3.cli import KNOWN_ERRORS, ArgumentParser, fail, output_folder, run_main  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -39,7 +40,7 @@ def _on_off(text):
 
 def build_parser():
     defaults = training.TrainConfig(records="", log_dir="")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data and model")
     data.add_argument("--records", required=True, help="record set from tools/preprocess.py")
     data.add_argument("--val-records", help="validation record set (default: --records' val)")

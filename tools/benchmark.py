@@ -46,14 +46,15 @@ Exit status: 0 on success, 1 when a benchmark process failed, 2 on bad usage.
 """
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from yolo3.cli import ArgumentParser, start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 
 def _size(text):
@@ -417,7 +418,7 @@ def _add_detect(subparsers):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description="Benchmarks of the training input and step.")
+    parser = ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_io(subparsers)
     _add_train(subparsers)

@@ -13,7 +13,6 @@ no width or height after rounding is skipped. Crowd regions (``iscrowd``) are sk
 relative to the output file's folder. Lines follow the image ids' order.
 """
 
-import argparse
 import collections
 import json
 import math
@@ -24,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
 from yolo3.annotations import format_line, relative_image_path, write_annotations  # noqa: E402
-from yolo3.cli import run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, run_main  # noqa: E402
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--annotations", required=True, help="COCO instances JSON, e.g. instances_train2017.json"
     )

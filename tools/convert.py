@@ -21,10 +21,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo3.cli import start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import darknet, darknet_writer  # noqa: E402
 from yolo3 import weights as yolo_weights  # noqa: E402
-from yolo3.cli import argument_type, output_file, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, argument_type, output_file, run_main  # noqa: E402
 from yolo3.model import MODEL_TYPES, build_model  # noqa: E402
 from yolo3.resources import (  # noqa: E402
     DARKNET_INPUT_SIZE,
@@ -40,7 +43,7 @@ EXPORT_FLAGS = ("model_type", "num_classes", "anchors", "anchor_masks", "input_s
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Convert Darknet YOLOv3, tiny-YOLOv3 or Darknet-53 weights to Keras, or "
         "(--to-darknet) Keras YOLOv3 / tiny-YOLOv3 weights to Darknet."
     )

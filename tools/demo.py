@@ -17,7 +17,6 @@ it can be rerun by hand. Needs no data and no network. Exit status: 0 on success
 step fails, 2 on bad usage.
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -28,11 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from yolo3.cli import run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, run_main  # noqa: E402
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="demo_run", help="folder for everything it writes")
     # Fresh generated images teach more than augmented copies of fewer ones, and cost the
     # same to train on: the demo generates many and packs no extra copies.

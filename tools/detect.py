@@ -19,16 +19,18 @@ when at least one image or frame was processed, 1 when none was, 2 on bad usage 
 flags, unusable weights, anchors or classes).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo3.cli import start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import fileio  # noqa: E402
-from yolo3.cli import add_detector_arguments, output_folder, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, add_detector_arguments, output_folder, run_main  # noqa: E402
 from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
@@ -47,7 +49,7 @@ FALLBACKS = {
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Run YOLOv3 on images, folders (searched recursively) and videos."
     )
     parser.add_argument("inputs", nargs="+", help="image files, folders or video files")

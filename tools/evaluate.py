@@ -33,7 +33,6 @@ Run it as a separate process on a device of its own (``CUDA_VISIBLE_DEVICES``).
 Exit status: 0 on success, 2 on bad usage or input.
 """
 
-import argparse
 import os
 import shutil
 import sys
@@ -41,10 +40,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from yolo3.cli import start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
     add_detector_arguments,
     add_progress_argument,
     output_folder,
@@ -60,7 +62,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--weights", help="weights to evaluate (.weights.h5)")
     parser.add_argument(
         "--model",

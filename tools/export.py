@@ -12,14 +12,16 @@ artifact with ``tools/detect.py --model PATH`` or :func:`yolo3.runtime.load_dete
 Exit status 0 on success, 2 on bad flags or inputs.
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo3.cli import start_tensorflow  # noqa: E402
 
-from yolo3.cli import add_detector_arguments, check_output_path, run_main  # noqa: E402
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
+
+from yolo3.cli import ArgumentParser, add_detector_arguments, check_output_path, run_main  # noqa: E402
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
@@ -27,9 +29,7 @@ FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 def build_parser():
     from yolo3.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(
-        description="Export weights as a SavedModel, ONNX or TFLite detector."
-    )
+    parser = ArgumentParser(description="Export weights as a SavedModel, ONNX or TFLite detector.")
     parser.add_argument("--weights", required=True, help="a .weights.h5 file")
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument(

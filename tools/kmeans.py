@@ -10,7 +10,6 @@ and opens no image. Prints the anchors, their mean best IoU with the boxes, and 
 Unreadable images are skipped and counted.
 """
 
-import argparse
 import collections
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import kmeans  # noqa: E402
 from yolo3.annotations import parse_annotation_files, write_annotations  # noqa: E402
-from yolo3.cli import fail, output_file, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, fail, output_file, run_main  # noqa: E402
 from yolo3.resources import parse_anchors, read_anchors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +31,7 @@ DEFAULT_ANCHORS_INPUT = 416
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--annotations", nargs="+", required=True, help="annotation files")
     parser.add_argument("-k", type=int, default=9, help="anchors: 9 for yolov3, 6 for tiny")
     parser.add_argument(

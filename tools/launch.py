@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from yolo3.cli import run_main  # noqa: E402 - standard library only, no TensorFlow
+from yolo3.cli import ArgumentParser, run_main  # noqa: E402 - standard library only, no TensorFlow
 
 
 def free_port(host=""):
@@ -48,7 +48,7 @@ def free_port(host=""):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("-n", "--num-workers", type=int, help="local worker processes")
     where.add_argument("-H", "--hosts", help="file with one host (or host:port) per line")

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import synthetic  # noqa: E402
-from yolo3.cli import run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, run_main  # noqa: E402
 from yolo3.resources import parse_size  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def _size(text):
 
 def build_parser():
     defaults = synthetic.SceneConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="folder to write the data set into")
     parser.add_argument("--train", type=int, default=4000, help="training images (default 4000)")
     parser.add_argument("--val", type=int, default=300, help="validation images (default 300)")

@@ -20,11 +20,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from yolo3.cli import start_tensorflow  # noqa: E402
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
-from yolo3.cli import add_progress_argument, fail, output_folder, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, add_progress_argument, fail, output_folder, run_main  # noqa: E402
 from yolo3.resources import parse_size, read_classes  # noqa: E402
 
 
@@ -43,7 +45,7 @@ def _available_cores():
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Pack annotated images into letterboxed and augmented TFRecord shards."
     )
     parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")

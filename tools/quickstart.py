@@ -7,20 +7,18 @@ falls and, at the end, how many held-out objects were found.
     python tools/quickstart.py [--steps 700] [--size 96]
 """
 
-import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from yolo3.cli import run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, run_main, start_tensorflow  # noqa: E402
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=700, help="training steps (default 700)")
     parser.add_argument("--size", type=int, default=96, help="input size, a multiple of 32")
     parser.add_argument("--batch-size", type=int, default=16)

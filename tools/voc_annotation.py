@@ -15,7 +15,6 @@ requires nor penalises them, as the devkit does; ``skip`` drops them (the origin
 behaviour), ``include`` keeps them as ordinary objects.
 """
 
-import argparse
 import collections
 import math
 import sys
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo3 import fileio  # noqa: E402
 from yolo3.annotations import format_line, relative_image_path, write_annotations  # noqa: E402
-from yolo3.cli import fail, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, fail, run_main  # noqa: E402
 from yolo3.resources import read_classes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +36,7 @@ DIFFICULT_MODES = ("flag", "skip", "include")
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devkit", required=True, help="folder holding VOC2007/, VOC2012/, ...")
     parser.add_argument(
         "--sets",

@@ -7,12 +7,77 @@ traceback; an unexpected error keeps its traceback, because it is a bug to repor
 """
 
 import argparse
+import contextlib
 import os
 import sys
+import tempfile
 
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
 # folder goes, a full disk) is their mistake to fix, not a bug to report with a traceback.
 KNOWN_ERRORS = (OSError, ValueError)
+
+
+# Set to 1 to see TensorFlow's start-up log, which the tools hold back by default.
+TF_LOG_ENV = "YOLO3_TF_LOG"
+
+
+@contextlib.contextmanager
+def _stderr_held_back():
+    """Sends file descriptor 2 to a scratch file for the block; shows what was held back
+    when the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def start_tensorflow():
+    """Imports TensorFlow and lets it find its devices with its start-up log held back.
+
+    TensorFlow's C++ side logs several lines on import and on its first look at the devices,
+    before any log level applies (on a machine without CUDA an ``E0000 ... failed call to
+    cuInit`` that reads like a failure). The tools call this before importing the library;
+    ``YOLO3_TF_LOG=1`` shows the log, and TensorFlow's warnings after the start, again.
+    """
+    show = os.environ.get(TF_LOG_ENV, "0") not in ("", "0")
+    if not show:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with contextlib.nullcontext() if show else _stderr_held_back():
+        import tensorflow as tf  # noqa: PLC0415
+
+        tf.config.list_physical_devices()
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in ``--help``, unless its help already says it or it has none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or action.nargs == 0  # flags: on when given
+            or action.default in (None, argparse.SUPPRESS)
+            or "default" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The tools' parser: defaults shown in ``--help`` (:class:`HelpFormatter`)."""
+
+    def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
 def argument_type(parse):
