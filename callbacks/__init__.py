@@ -19,7 +19,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 """
 
 from .backup import WorkerBackup
-from .checkpoint import TemplateCheckpoint, read_training_state
+from .checkpoint import BEST, LAST, TemplateCheckpoint, read_training_state
 from .evaluation import MapEvaluation
 from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
@@ -27,6 +27,8 @@ from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .schedule import FreezeSchedule, PlateauScale
 
 __all__ = [
+    "BEST",
+    "LAST",
     "FreezeSchedule",
     "LearningRateLogger",
     "LocalSync",

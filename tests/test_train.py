@@ -56,7 +56,8 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         "read_manifest",
         lambda path: manifests_read.append(path) or read_manifest(path),
     )
-    result = training.run(config, log=lambda *_: None)
+    logged = []
+    result = training.run(config, log=logged.append)
     # One read of the record set's manifest for the whole job: datasets, validation and
     # the mAP evaluation all take the value read at the start.
     assert manifests_read == [records]
@@ -74,6 +75,24 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
     }
     metadata = read_metadata(str(checkpoints / "last.weights.h5"))
     assert metadata["epoch"] == 2
+    # The run ends with what a user looks for next: the best epoch with its figures, the
+    # weights, and the commands to run on them.
+    best = read_metadata(str(checkpoints / "best.weights.h5"))
+    val_loss = result.history["val_loss"][best["epoch"] - 1]
+    assert best["logs"]["val_loss"] == pytest.approx(min(result.history["val_loss"]))
+    summary = logged[logged.index(next(m for m in logged if m.startswith("trained to"))) + 1 :]
+    figures = f"val_loss {val_loss:.4g}"
+    if best["epoch"] == 2:
+        figures += f", val_mAP50 {result.history['val_mAP50'][-1]:.4g}"
+    assert summary == [
+        f"best epoch {best['epoch']}: {figures}",
+        f"weights: {checkpoints / 'best.weights.h5'} (best), {checkpoints / 'last.weights.h5'} "
+        "(last)",
+        f"next: python tools/detect.py --weights {checkpoints / 'best.weights.h5'} --output "
+        f"{tmp_path / 'detect'} IMAGES_OR_FOLDERS",
+        f"      python tools/evaluate.py --weights {checkpoints / 'best.weights.h5'} --records "
+        f"{records}",
+    ]
     assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
     # The template file holds the bare body: it loads into a fresh model with no wrapper
     # and predicts exactly what the trained model predicts.

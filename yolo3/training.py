@@ -40,7 +40,7 @@ from yolo3.trainer import (
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.weights import check_model_type, load_weights
+from yolo3.weights import check_model_type, load_weights, read_metadata
 
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
@@ -597,6 +597,9 @@ def run(config, *, log=print):
         # to resume from.
         backup.remove()
     log(f"trained to epoch {epochs_done} in {time.perf_counter() - started:.1f} s")
+    if info.is_chief and preemption.stopped_at is None:
+        for line in _summary(config, checkpoint_dir):
+            log(line)
     return TrainResult(
         history=history,
         epochs_done=epochs_done,
@@ -609,6 +612,36 @@ def run(config, *, log=print):
         trainer=trainer,
         preempted_at=preemption.stopped_at,
     )
+
+
+def _summary(config, checkpoint_dir):
+    """The lines that end a run: the best epoch, where the weights are, what to run next."""
+    last = os.path.join(checkpoint_dir, yolo_callbacks.LAST)
+    best = os.path.join(checkpoint_dir, yolo_callbacks.BEST)
+    if not os.path.exists(last):
+        return []  # no epoch finished with a finite loss
+    chosen, validated, lines = last, False, []
+    if os.path.exists(best):
+        saved = read_metadata(best) or {}
+        logs = saved.get("logs", {})
+        validated = "val_loss" in logs
+        figures = [f"{key} {logs[key]:.4g}" for key in ("val_loss", "val_mAP50") if key in logs]
+        if not validated and "loss" in logs:
+            figures = [f"training loss {logs['loss']:.4g} (no validation split)"]
+        lines.append(f"best epoch {saved.get('epoch')}: {', '.join(figures)}")
+        lines.append(f"weights: {best} (best), {last} (last)")
+        chosen = best
+    else:
+        lines.append(f"weights: {last}")
+    output = os.path.join(config.log_dir, "detect")
+    lines.append(
+        f"next: python tools/detect.py --weights {chosen} --output {output} IMAGES_OR_FOLDERS"
+    )
+    if validated:
+        lines.append(
+            f"      python tools/evaluate.py --weights {chosen} --records {config.records}"
+        )
+    return lines
 
 
 def _extend(history, more):
