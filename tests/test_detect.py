@@ -125,6 +125,19 @@ def test_from_model_detects_the_same(detector):
     _check_grid(result, EXPECTED_LANDSCAPE)
 
 
+def test_from_model_takes_no_size_for_granted():
+    # A model that accepts any size has no size to assume: 416 here would be a 13 x 13 grid
+    # of boxes where the weights know a 2 x 2 one.
+    anchors = parse_anchors(ANCHORS_TEXT)
+    with pytest.raises(ValueError, match="accepts any input size: give input_size"):
+        Detector.from_model(build_model("tiny", 2), anchors, CLASS_NAMES)
+    dynamic = build_model("tiny", 2)
+    dynamic.set_weights(make_model().get_weights())
+    given = Detector.from_model(dynamic, anchors, CLASS_NAMES, input_size=INPUT_SIZE)
+    [result] = given.detect(np.full((96, 128, 3), 200, np.uint8))
+    _check_grid(result, EXPECTED_LANDSCAPE)
+
+
 def test_from_model_rejects_anchors_for_another_head_count():
     nine = parse_anchors("10,13, 16,30, 33,23, 30,61, 62,45, 59,119, 116,90, 156,198, 373,326")
     with pytest.raises(ValueError, match="2 output heads.*describe 3"):
@@ -410,6 +423,14 @@ def test_cli_takes_what_the_weights_file_records(described_weights, tmp_path, ca
     assert detect_cli.main([*args, "--input-size", "96"]) == 0
     report = json.loads((output / "detections.json").read_text())
     assert report["input_size"] == [96, 96] and len(report["images"][0]["boxes"]) == 9
+
+
+def test_detector_takes_what_the_weights_file_records(described_weights):
+    # The Python API as the tools: no anchors, classes or size given, the file's own.
+    detector = Detector(described_weights)
+    assert detector.input_hw == (INPUT_SIZE, INPUT_SIZE) and detector.class_names == CLASS_NAMES
+    [result] = detector.detect(np.full((96, 128, 3), 200, np.uint8))
+    _check_grid(result, EXPECTED_LANDSCAPE)
 
 
 def test_cli_says_which_defaults_fill_what_the_file_does_not_record(files, tmp_path, capsys):

@@ -21,6 +21,7 @@ from yolo3.image import RESAMPLING, letterbox_darknet, letterbox_image, to_rgb
 from yolo3.model import build_model, head_layer_names
 from yolo3.postprocess import postprocess
 from yolo3.resources import (
+    DARKNET_INPUT_SIZE,
     default_anchor_masks,
     model_type_for_anchors,
     read_anchors,
@@ -30,16 +31,27 @@ from yolo3.resources import (
 NUM_HEADS = {"yolov3": 3, "tiny": 2}
 
 
+def _recorded(weights_path):
+    """The metadata of a ``.weights.h5`` file (``{}`` for other files and files without)."""
+    if not weights_path.endswith(".weights.h5"):
+        return {}
+    return weights_io.read_metadata(weights_path) or {}
+
+
 class Detector:
     """A YOLOv3 / tiny-YOLOv3 model plus everything needed to turn images into detections.
 
     Args:
         weights_path: ``.weights.h5`` file written by :func:`yolo3.weights.save_weights`
             (or any file :func:`yolo3.weights.load_weights` reads).
-        anchors_path: anchors file, 9 pairs (YOLOv3) or 6 (tiny), in input pixels.
-        classes_path: one class name per line, in the order the weights were trained with.
-        model_type: ``"yolov3"`` or ``"tiny"``; inferred from the anchor count when None.
-        input_size: network input, an int (square) or ``(height, width)``, multiples of 32.
+        anchors_path: anchors file, 9 pairs (YOLOv3) or 6 (tiny), in input pixels; default:
+            what the weights file records (train.py's checkpoints record theirs).
+        classes_path: one class name per line, in the order the weights were trained with;
+            default: what the weights file records.
+        model_type: ``"yolov3"`` or ``"tiny"``; default: what the file records, else from
+            the anchor count.
+        input_size: network input, an int (square) or ``(height, width)``, multiples of 32;
+            default: what the file records, else Darknet's 416.
         score_threshold, iou_threshold, max_detections: see :func:`yolo3.postprocess.postprocess`.
         anchor_masks: anchors per head, largest stride first; default: what the weights
             file records (:func:`yolo3.weights.stored_anchor_masks`), else the default for
@@ -57,21 +69,41 @@ class Detector:
     def __init__(
         self,
         weights_path,
-        anchors_path,
-        classes_path,
+        anchors_path=None,
+        classes_path=None,
         *,
         model_type=None,
-        input_size=416,
+        input_size=None,
         score_threshold=0.3,
         iou_threshold=0.45,
         max_detections=100,
         anchor_masks=None,
         resampling=None,
     ):
-        weights_path, classes_path = str(weights_path), str(classes_path)
-        anchors = read_anchors(anchors_path)
-        class_names = read_classes(classes_path)
-        model_type = model_type or model_type_for_anchors(len(anchors))
+        weights_path = str(weights_path)
+        recorded = _recorded(weights_path)
+
+        def missing(what, argument):
+            return ValueError(f"weights {weights_path} record no {what}: give {argument}")
+
+        if classes_path is not None:
+            classes_path = str(classes_path)
+            class_names = read_classes(classes_path)
+        elif recorded.get("classes"):
+            classes_path, class_names = "(the weights' metadata)", list(recorded["classes"])
+        else:
+            raise missing("class names", "classes_path")
+        if anchors_path is not None:
+            anchors = read_anchors(anchors_path)
+        elif recorded.get("anchors"):
+            anchors = np.asarray(recorded["anchors"], np.float32)
+        else:
+            raise missing("anchors", "anchors_path")
+        model_type = (
+            model_type or recorded.get("model_type") or model_type_for_anchors(len(anchors))
+        )
+        if input_size is None:
+            input_size = tuple(recorded.get("input_size") or ()) or DARKNET_INPUT_SIZE
         if anchor_masks is None:
             anchor_masks = weights_io.stored_anchor_masks(weights_path, model_type)
         anchor_masks = _resolve_masks(anchors, anchor_masks, model_type)
@@ -120,12 +152,18 @@ class Detector:
         """A detector around an already built (and loaded) Keras model.
 
         ``anchors`` is ``(num_anchors, 2)`` in input pixels. ``input_size`` defaults to the
-        model's static input size, or 416 when the model accepts any size.
+        model's static input size; a model that accepts any size needs it given (no size
+        is assumed: one the weights were not trained at detects poorly without a word).
         """
         anchors = np.asarray(anchors, dtype=np.float32)
         if input_size is None:
             height, width = model.input_shape[1:3]
-            input_size = (height, width) if height and width else 416
+            if not (height and width):
+                raise ValueError(
+                    f"model {model.name} accepts any input size: give input_size, a multiple "
+                    "of 32 (the size its weights were trained at)"
+                )
+            input_size = (height, width)
         detector = cls.__new__(cls)
         detector._setup(
             model,
