@@ -17,25 +17,16 @@ import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
 from yolo3 import weights as weights_io
+from yolo3.detector_spec import spec_for_weights
 from yolo3.image import RESAMPLING, letterbox_darknet, letterbox_image, to_rgb
 from yolo3.model import build_model, head_layer_names
 from yolo3.postprocess import postprocess
 from yolo3.resources import (
     DARKNET_INPUT_SIZE,
     default_anchor_masks,
-    model_type_for_anchors,
-    read_anchors,
-    read_classes,
 )
 
 NUM_HEADS = {"yolov3": 3, "tiny": 2}
-
-
-def _recorded(weights_path):
-    """The metadata of a ``.weights.h5`` file (``{}`` for other files and files without)."""
-    if not weights_path.endswith(".weights.h5"):
-        return {}
-    return weights_io.read_metadata(weights_path) or {}
 
 
 class Detector:
@@ -81,41 +72,27 @@ class Detector:
         resampling=None,
     ):
         weights_path = str(weights_path)
-        recorded = _recorded(weights_path)
-
-        def missing(what, argument):
-            return ValueError(f"weights {weights_path} record no {what}: give {argument}")
-
-        if classes_path is not None:
-            classes_path = str(classes_path)
-            class_names = read_classes(classes_path)
-        elif recorded.get("classes"):
-            classes_path, class_names = "(the weights' metadata)", list(recorded["classes"])
-        else:
-            raise missing("class names", "classes_path")
-        if anchors_path is not None:
-            anchors = read_anchors(anchors_path)
-        elif recorded.get("anchors"):
-            anchors = np.asarray(recorded["anchors"], np.float32)
-        else:
-            raise missing("anchors", "anchors_path")
-        model_type = (
-            model_type or recorded.get("model_type") or model_type_for_anchors(len(anchors))
+        # One home for "an argument, else the file's metadata, else Darknet's default".
+        spec = spec_for_weights(
+            weights_path,
+            classes_path=classes_path,
+            anchors_path=anchors_path,
+            model_type=model_type,
+            input_size=input_size,
+            anchor_masks=anchor_masks,
+            resampling=resampling,
+            fallbacks={"input_size": DARKNET_INPUT_SIZE},
         )
-        if input_size is None:
-            input_size = tuple(recorded.get("input_size") or ()) or DARKNET_INPUT_SIZE
-        if anchor_masks is None:
-            anchor_masks = weights_io.stored_anchor_masks(weights_path, model_type)
-        anchor_masks = _resolve_masks(anchors, anchor_masks, model_type)
+        anchors, class_names = spec.anchor_array, list(spec.class_names)
+        anchor_masks = _resolve_masks(anchors, spec.anchor_masks, spec.model_type)
         num_anchors = len(anchor_masks[0])
         model = build_model(
-            model_type, len(class_names), num_anchors=num_anchors, input_size=input_size
+            spec.model_type, len(class_names), num_anchors=num_anchors, input_size=spec.input_hw
         )
-        weights_io.check_num_classes(weights_path, len(class_names), classes_path)
         try:
             weights_io.load_weights(model, weights_path)
         except ValueError as err:
-            found = _classes_in_file(weights_path, model_type, num_anchors)
+            found = _classes_in_file(weights_path, spec.model_type, num_anchors)
             if found is None or found == len(class_names):
                 raise
             raise ValueError(
@@ -127,12 +104,12 @@ class Detector:
             model,
             anchors,
             class_names,
-            input_size=input_size,
+            input_size=spec.input_hw,
             score_threshold=score_threshold,
             iou_threshold=iou_threshold,
             max_detections=max_detections,
             anchor_masks=anchor_masks,
-            resampling=resampling or weights_io.stored_resampling(weights_path),
+            resampling=spec.resampling,
         )
 
     @classmethod
