@@ -187,6 +187,48 @@ def test_draw_detections_draws_in_the_class_colour(detector):
     assert np.all(pixels[50, 60] == 0)  # away from every box
 
 
+def test_draw_detections_keeps_captions_whole_inside_the_image():
+    from yolo3.detect import class_colors
+
+    image = np.zeros((60, 128, 3), np.uint8)
+    detection = {
+        # At the top edge and too small to hold its caption; at the right edge.
+        "boxes": np.array([[0, 0, 20, 10], [110, 30, 127, 59]], np.float32),
+        "scores": np.array([0.9, 0.8], np.float32),
+        "classes": np.array([0, 1]),
+    }
+    drawn = draw_detections(image, detection, ["a", "b"])
+    assert drawn.size == (128, 60)  # no legend: the input's size
+    pixels = np.asarray(drawn)
+    colour_a, colour_b = class_colors(2)
+    # "a 0.90" goes below its box (labels are 13 px high: rows 11-23), not over it.
+    assert (pixels[11:24, :30] == colour_a).all(-1).mean() > 0.5
+    assert (pixels[5, 25:40] == 0).all()
+    # "b 0.80" (32 px wide) sits above its box (rows 17-29), moved left to end at the image's
+    # right edge, so the whole label shows: its top row spans x 96-127.
+    label_top = (pixels[17, :] == colour_b).all(-1)
+    assert label_top[96:].all() and not label_top[:96].any()
+
+
+def test_draw_detections_legend_adds_a_band_below():
+    from yolo3.detect import class_colors
+
+    image = np.full((60, 128, 3), 90, np.uint8)
+    detection = {
+        "boxes": np.array([[30, 20, 90, 50]], np.float32),
+        "scores": np.array([0.9], np.float32),
+        "classes": np.array([1]),
+    }
+    plain = np.asarray(draw_detections(image, detection, ["a", "b"]))
+    drawn = np.asarray(draw_detections(image, detection, ["a", "b"], legend=True))
+    # One line naming class "b": 4 px padding + 16 + 4 px padding.
+    assert drawn.shape == (60 + 24, 128, 3)
+    np.testing.assert_array_equal(drawn[:60], plain)
+    band = drawn[60:]
+    assert (band == class_colors(2)[1]).all(-1).any()
+    assert not (band == class_colors(2)[0]).all(-1).any()
+
+
 def test_load_rgb_converts_modes_and_applies_exif_orientation(tmp_path):
     gray16 = tmp_path / "gray16.png"
     Image.fromarray(np.array([[0, 25700, 65535]], np.uint16)).save(gray16)

@@ -395,12 +395,123 @@ def test_gallery_png(tmp_path):
     path = tmp_path / "gallery.png"
     draw_gallery(images, ground_truths, detections, ["a", "b"], path, columns=4, tile_size=96)
     with Image.open(path) as image:
-        assert image.format == "PNG" and image.size == (4 * 96, 2 * 96)
+        assert image.format == "PNG" and image.size[0] == 4 * 96
         pixels = np.asarray(image.convert("RGB"))
-    assert (pixels == class_colors(2)[1]).all(-1).any()  # the detection of class "b"
-    assert (pixels == (0, 230, 0)).all(-1).any()  # the true box
+    legend_height = pixels.shape[0] - 2 * 96
+    assert legend_height > 0 and (legend_height - 8) % 16 == 0  # 4 px padding, 16 px lines
+    tiles = pixels[: 2 * 96]
+    assert (tiles == class_colors(2)[1]).all(-1).any()  # the detection of class "b"
+    # Class "b" on a truth of class "a": a false positive, and the truth is missed.
+    assert (tiles == (255, 0, 255)).all(-1).any()
     with pytest.raises(ValueError, match="4 detections entries for 5 images"):
         draw_gallery(images, None, detections[:4], ["a", "b"], path)
+
+
+GREEN = (0, 230, 0)  # the truth colour itself: a truth line alone would vanish on it
+
+
+def _marked_gallery(**kwargs):
+    """One 160 px green image, drawn 1:1: a matched pair, a missed truth, a false positive."""
+    from yolo3.plots import gallery_image
+
+    image = np.zeros((160, 160, 3), np.uint8) + np.uint8(GREEN)
+    truths = [truth([[20, 20, 80, 80], [100, 100, 150, 150]], [0, 0])]
+    # IoU of the first pair: 58 * 58 / (60 * 60) = 0.93; the second detection is of class "b".
+    detections = [found([[22, 22, 80, 80], [100, 10, 150, 50]], [0.9, 0.8], [0, 1])]
+    return np.asarray(gallery_image([image], truths, detections, ["a", "b"], 1, tile_size=160,
+                                    **kwargs))  # fmt: skip
+
+
+def test_gallery_marks_matches_misses_and_false_positives_apart():
+    pixels = _marked_gallery()
+    colour_a, colour_b = class_colors(2)
+
+    def colours(strip):
+        return {tuple(int(v) for v in pixel) for pixel in strip}
+
+    # Left edges, below the captions at the top of each box: the matched detection is solid
+    # in its class colour; the truth it found is a thin green line between black halo pixels.
+    assert colours(pixels[40:76, 22]) == colours(pixels[40:76, 23]) == {colour_a}
+    assert colours(pixels[40:76, 20]) == {GREEN}
+    assert colours(pixels[40:76, 19]) == {(0, 0, 0)}  # the halo: visible on a green image
+    # The false positive: class colour dashed with black, 4 px each (y 10-13 colour, 14-17 black).
+    assert colours(pixels[26:48, 100]) == {colour_b, (0, 0, 0)}
+    assert tuple(pixels[26, 100]) == colour_b and tuple(pixels[30, 100]) == (0, 0, 0)
+    # The missed truth: 3 px magenta and white dashes, a black halo, a magenta "miss" tag at
+    # its bottom (y 138-150: labels are 13 px high).
+    assert colours(pixels[100:136, 101]) == {(255, 0, 255), (255, 255, 255)}
+    assert colours(pixels[100:136, 99]) == {(0, 0, 0)}
+    assert (pixels[140:149, 101:130] == (255, 0, 255)).all(-1).mean() > 0.5
+    # Away from every box the image is untouched.
+    assert colours(pixels[90:98, 40:60].reshape(-1, 3)) == {GREEN}
+
+
+def test_gallery_draws_a_truth_visibly_on_its_own_colour():
+    from yolo3.plots import gallery_image
+
+    image = np.zeros((100, 100, 3), np.uint8) + np.uint8(GREEN)
+    picture = gallery_image([image], [truth([[30, 30, 70, 70]], [0])], None, ["a"], tile_size=100)
+    pixels = np.asarray(picture)[:100].astype(int)
+    outline = np.concatenate([pixels[29, 29:72], pixels[29:72, 29], pixels[71, 29:72]])
+    assert (np.abs(outline - GREEN).sum(-1) >= 230).all()  # every halo pixel is black
+    assert (pixels[30, 31:70] == GREEN).all()  # over the halo, the truth line itself
+
+
+def test_gallery_legend_is_a_band_below_the_tiles():
+    from yolo3.plots import gallery_image, legend_band
+
+    with_legend = _marked_gallery()
+    without = _marked_gallery(legend=False)
+    assert without.shape == (160, 160, 3)
+    # The band only adds rows: the tile above it is the same picture.
+    np.testing.assert_array_equal(with_legend[:160], without)
+    band = with_legend[160:]
+    # 160 px is too narrow for the four marks on one line: the band is 4 px padding, then
+    # 16 px lines (4 + 16 * lines + 4), and it explains each mark and both classes' colours.
+    assert band.shape[0] > 8 + 2 * 16 and (band.shape[0] - 8) % 16 == 0
+    for colour in (GREEN, (255, 0, 255), *class_colors(2), (0, 0, 0)):
+        assert (band == colour).all(-1).any()
+
+    # 4 tiles of 200 px: the marks fit one line, the classes a second: 4 + 2 * 16 + 4 = 40.
+    images = [np.zeros((50, 50, 3), np.uint8)] * 4
+    truths = [truth([[5, 5, 40, 40]], [0])] * 4
+    detections = [found([[6, 6, 40, 40]], [0.9], [1])] * 4
+    picture = gallery_image(images, truths, detections, ["a", "b"], 4, tile_size=200)
+    assert picture.size == (4 * 200, 200 + 40)
+    band = np.asarray(picture)[200:]
+    assert (band == class_colors(2)[1]).all(-1).any()
+    assert not (band == class_colors(2)[0]).all(-1).any()  # no "a" detected: not listed
+    # Past 20 classes the list ends with "+N more" and stops growing.
+    names = [f"class {i}" for i in range(200)]
+    marks = ("truth", "missed", "match", "false_positive")
+    assert legend_band(800, names, range(200), marks).height == 8 + 16 * 3
+    assert legend_band(800, names, range(25), marks).height == 8 + 16 * 3
+
+
+def test_gallery_without_truth_draws_no_false_positives():
+    pixels_with_truth = _marked_gallery(legend=False)
+    from yolo3.plots import gallery_image
+
+    image = np.zeros((160, 160, 3), np.uint8) + np.uint8(GREEN)
+    detections = [found([[100, 10, 150, 50]], [0.8], [1])]
+    pixels = np.asarray(gallery_image([image], None, detections, ["a", "b"], 1, tile_size=160))
+    # With truths the box is dashed (a false positive); without, solid: nothing to judge by.
+    assert tuple(pixels_with_truth[30, 100]) == (0, 0, 0)
+    assert (pixels[26:48, 100] == class_colors(2)[1]).all()
+
+
+def test_gallery_matching_takes_each_truth_once_by_score():
+    from yolo3.plots import match_image
+
+    truths = truth([A, B, FAR], [0, 0, 1], difficult=[False, False, True])
+    # By score: 0.9 takes A; 0.8 overlaps A most, taken: a duplicate; class 1 on B: wrong
+    # class; 0.6 takes B; 0.5 hits the difficult FAR, which VOC ignores.
+    detections = found([A, A, B, B, FAR], [0.8, 0.9, 0.7, 0.6, 0.5], [0, 0, 1, 0, 1])
+    matched, found_truths = match_image(truths, detections)
+    assert matched.tolist() == [False, True, False, True, True]
+    assert found_truths.tolist() == [True, True, True]
+    matched, found_truths = match_image(truths, found([B], [0.9], [1]))
+    assert matched.tolist() == [False] and found_truths.tolist() == [False, False, True]
 
 
 def test_gallery_colours_match_detection_drawing():

@@ -16,7 +16,7 @@ from train_helpers import SIZE, train_args, write_anchors
 import train
 from yolo3 import training, validate
 from yolo3.callbacks.evaluation import class_tags
-from yolo3.plots import TRUE_BOX_COLOR
+from yolo3.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
 
 # Class names TensorBoard tags cannot hold as they are; the examples use the first two only.
 CLASSES = ("traffic light", "cat/dog", "never seen")
@@ -97,5 +97,8 @@ def test_map_every_writes_per_class_ap_and_a_gallery_at_the_epoch_step(record_se
     [(step, gallery)] = run["epoch_gallery"]
     assert step == 1 and gallery.shape == (3,)
     pixels = _decode_png(gallery)
-    assert pixels.shape == (512, 768, 3)
-    assert (pixels == TRUE_BOX_COLOR).all(-1).any()  # the true boxes are drawn
+    # Two rows of tiles, then the legend band below them.
+    assert pixels.shape[1:] == (768, 3) and pixels.shape[0] > 512
+    tiles = pixels[:512]
+    # The true boxes are drawn on the tiles, found or missed.
+    assert any((tiles == color).all(-1).any() for color in (TRUE_BOX_COLOR, MISSED_BOX_COLOR))

@@ -15,8 +15,9 @@ the classes and the input size it was made for. A file that records no input siz
 416 px, said on stderr.
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
-curve per class (``pr/``) and ``gallery.png`` (true boxes dashed green, detections in
-class colours) to ``--output``.
+curve per class (``pr/``) and ``gallery.png`` (found true boxes green, missed ones dashed
+magenta, detections in class colours, false positives dashed; a legend below) to
+``--output``.
 
 ``--coco-json`` scores the way published COCO figures are scored: detections on the
 original images, with the file's image and category ids, by pycocotools against the

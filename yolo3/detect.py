@@ -10,16 +10,16 @@ Example::
     draw_detections(image, result, detector.class_names).save("dog-boxes.jpg")
 """
 
-import colorsys
-
 import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
+from yolo3 import plots
 from yolo3 import weights as weights_io
 from yolo3.detector_spec import spec_for_weights
 from yolo3.image import RESAMPLING, letterbox_darknet, letterbox_image, to_rgb
 from yolo3.model import build_model, head_layer_names
+from yolo3.plots import class_colors
 from yolo3.postprocess import postprocess
 from yolo3.resources import (
     DARKNET_INPUT_SIZE,
@@ -315,28 +315,29 @@ def _classes_in_file(path, model_type, num_anchors):
     return channels // num_anchors - 5 if channels % num_anchors == 0 else None
 
 
-def class_colors(num_classes):
-    """One distinct, saturated RGB colour per class, evenly spaced in hue."""
-    hues = [index / max(num_classes, 1) for index in range(num_classes)]
-    return [tuple(int(255 * c) for c in colorsys.hsv_to_rgb(h, 0.9, 1.0)) for h in hues]
-
-
-def draw_detections(image, detection, class_names):
+def draw_detections(image, detection, class_names, *, legend=False):
     """Draws boxes and ``"label score"`` captions on a copy of ``image``.
+
+    A caption sits above its box; at the image top, inside the box's top edge, or below the
+    box when it is too small to hold it. It always stays within the image.
 
     Args:
         image: PIL image or ``(H, W, 3)`` uint8 RGB array, the one detection ran on.
         detection: one dict from :meth:`Detector.detect` (``boxes`` in this image's pixels).
         class_names: names indexed by class id.
+        legend: add a band below the image naming the colours of the classes drawn
+            (:func:`yolo3.plots.legend_band`). Off by default, so that the picture keeps the
+            image's size (video frames, overlays).
 
     Returns:
-        A new RGB PIL image.
+        A new RGB PIL image of ``image``'s size, taller by the band with ``legend``.
     """
     image = to_rgb(image).copy() if isinstance(image, Image.Image) else Image.fromarray(image)
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default()
     colors = class_colors(len(class_names))
     thickness = max(1, round((image.width + image.height) / 600))
+    bounds = (0, 0, image.width, image.height)
     for box, score, class_id in zip(
         detection["boxes"], detection["scores"], detection["classes"], strict=True
     ):
@@ -344,10 +345,11 @@ def draw_detections(image, detection, class_names):
         color = colors[int(class_id) % len(colors)]
         draw.rectangle((x_min, y_min, x_max, y_max), outline=color, width=thickness)
         caption = f"{class_names[int(class_id)]} {float(score):.2f}"
-        left, top, right, bottom = draw.textbbox((0, 0), caption, font=font)
-        text_w, text_h = right - left, bottom - top + 2
-        # Caption above the box, or inside its top edge when the box touches the image top.
-        text_y = y_min - text_h if y_min >= text_h else y_min
-        draw.rectangle((x_min, text_y, x_min + text_w + 2, text_y + text_h), fill=color)
-        draw.text((x_min + 1, text_y - top + 1), caption, fill=(0, 0, 0), font=font)
-    return image
+        plots.draw_caption(draw, caption, (x_min, y_min, x_max, y_max), color, font, bounds)
+    if not legend:
+        return image
+    band = plots.legend_band(image.width, class_names, detection["classes"])
+    framed = Image.new("RGB", (image.width, image.height + band.height))
+    framed.paste(image, (0, 0))
+    framed.paste(band, (0, image.height))
+    return framed
