@@ -17,10 +17,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from graph_rewrites import skip_graph_rewrites  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
 
 _cpu = tf.config.list_physical_devices("CPU")[0]
+# Grappler's rewrites off in this process: its tests compare runs with each other
+# (tests/graph_rewrites.py says why and which runs keep them).
+skip_graph_rewrites()
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
 )

@@ -66,6 +66,9 @@ def main():
         from yolo3.distribute import configure_devices
 
         configure_devices(gpus=0, cpu_replicas=replicas)
+    from graph_rewrites import skip_graph_rewrites
+
+    skip_graph_rewrites()  # every layout alike
     problem = np.load(problem_path)
     initial = [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
     np.savez(result_path, **run(replicas, problem["images"], problem["boxes"], initial))

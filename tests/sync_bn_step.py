@@ -27,6 +27,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from graph_rewrites import skip_graph_rewrites  # noqa: E402
 
 SIZE = 64
 LEARNING_RATE = 0.01
@@ -98,9 +99,7 @@ def main():
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
     else:
         strategy = tf.distribute.get_strategy()
-    # Grappler's graph rewrites triple the time to trace the replicated step; both
-    # processes skip them alike.
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    skip_graph_rewrites()  # both processes alike
     problem = np.load(problem_path)
     initial = [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
     results = {}

@@ -5,6 +5,11 @@
 Writes ``DUMP_DIR/worker-<index>.npz`` (index from TF_CONFIG, 0 for a single process):
 every weight of the template model in layer order (``w0``, ``w1``, ...), its predictions
 on a fixed input (``p0``, ``p1``), the optimizer step and the epochs trained in this run.
+
+With ``SNAPSHOT_AFTER_EPOCH=N:FOLDER`` in the environment, the job's ``--log-dir`` is copied
+to FOLDER once epoch N has ended and every callback has saved what it saves there: the
+folder a run stopped after epoch N leaves, from which ``--resume`` continues it. The resume
+tests take it instead of training the first N epochs a second time.
 """
 
 import json
@@ -19,6 +24,29 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 import numpy as np  # noqa: E402
 
 PROBE_SEED = 123
+SNAPSHOT_ENV = "SNAPSHOT_AFTER_EPOCH"
+
+
+def _snapshot_after_epoch(epoch, log_dir, folder):
+    """Every fit of the trainer ends its callbacks with one that copies ``log_dir`` to
+    ``folder`` at the end of epoch ``epoch`` (1-based), after the others have saved."""
+    import shutil
+
+    import keras
+
+    from yolo3.trainer import YoloTrainer
+
+    class Snapshot(keras.callbacks.Callback):
+        def on_epoch_end(self, index, logs=None):
+            if index + 1 == epoch:
+                shutil.copytree(log_dir, folder)
+
+    fit = YoloTrainer.fit
+
+    def fit_then_snapshot(self, *args, callbacks=None, **kwargs):
+        return fit(self, *args, callbacks=[*(callbacks or []), Snapshot()], **kwargs)
+
+    YoloTrainer.fit = fit_then_snapshot
 
 
 def probe_images(size):
@@ -34,6 +62,9 @@ def main():
 
     config = train.config_from_args(train.build_parser().parse_args(rest))
     training.configure(config)
+    if SNAPSHOT_ENV in os.environ:
+        epoch, folder = os.environ[SNAPSHOT_ENV].split(":", 1)
+        _snapshot_after_epoch(int(epoch), config.log_dir, folder)
     result = training.run(config)
     body = result.trainer.body
     # A multi-scale body takes any size: probe at the records' size.
@@ -55,4 +86,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from graph_rewrites import skip_graph_rewrites
+
+    skip_graph_rewrites()  # the runs it dumps are compared with each other
     sys.exit(main())
