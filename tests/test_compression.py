@@ -5,6 +5,7 @@ four logical CPU replicas, in float64 so that comparisons are tight. train.py ru
 processes and, for resume, on two replicas in a process of its own.
 """
 
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, tiny_model
 from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_worker import SNAPSHOT_ENV
 
 import train
 from yolo3 import training
@@ -331,12 +333,18 @@ def test_two_workers_with_powersgd_end_identical(setup, tmp_path):
     assert len(state) == 2 * 13 and np.abs(state["error_5"]).max() > 0
 
 
-def _worker(dump, args):
+def _worker(dump, args, snapshot=None):
+    """train.py through tests/train_worker.py; ``snapshot``: ``(epoch, folder)``, the log
+    folder as it stands after that epoch, copied there (what a run stopped then leaves)."""
+    env = None
+    if snapshot:
+        env = {**os.environ, SNAPSHOT_ENV: f"{snapshot[0]}:{snapshot[1]}"}
     return subprocess.Popen(
         [sys.executable, str(WORKER), str(dump), "--", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
 
 
@@ -366,9 +374,9 @@ def test_a_resumed_run_continues_as_an_uninterrupted_one(setup, tmp_path):
             records, tmp_path / name, anchors, initial, "--epochs", str(epochs), *fixed, *extra
         )
 
-    _wait(
-        [_worker(tmp_path / "whole", args("whole", 2)), _worker(tmp_path / "half", args("half", 1))]
-    )
+    # The uninterrupted run leaves its folder as it stood after epoch 1 in "half": what a
+    # run stopped there leaves; the same command with --resume continues it.
+    _wait([_worker(tmp_path / "whole", args("whole", 2), snapshot=(1, tmp_path / "half"))])
     state = _saved_state(tmp_path / "half/checkpoints/state.weights.h5")
     assert np.abs(state["error_5"]).max() > 0  # there is error feedback to carry over
     _wait([_worker(tmp_path / "resumed", args("half", 2, "--resume"))])

@@ -429,9 +429,8 @@ def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_on
             records, tmp_path / name, anchors, initial, "--epochs", str(epochs), *fixed, *extra
         )
 
-    _wait(
-        [_worker(tmp_path / "whole", args("whole", 2)), _worker(tmp_path / "half", args("half", 1))]
-    )
+    # "half": the uninterrupted run's folder as it stood after epoch 1 (test_compression).
+    _wait([_worker(tmp_path / "whole", args("whole", 2), snapshot=(1, tmp_path / "half"))])
     _wait([_worker(tmp_path / "resumed", args("half", 2, "--resume"))])
     weights, whole_dump = _weights(tmp_path / "whole/worker-0.npz")
     resumed, resumed_dump = _weights(tmp_path / "resumed/worker-0.npz")
