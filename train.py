@@ -27,7 +27,15 @@ start_tensorflow()  # before the library imports TensorFlow: its start-up log he
 
 from yolo3 import training  # noqa: E402
 from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
-from yolo3.cli import KNOWN_ERRORS, ArgumentParser, fail, output_folder, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    KNOWN_ERRORS,
+    ArgumentParser,
+    add_progress_arguments,
+    fail,
+    output_folder,
+    progress_setting,
+    run_main,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -265,10 +273,8 @@ def build_parser():
         metavar="SECONDS",
         help="only read the input pipeline for SECONDS and print images/s",
     )
-    run.add_argument(
-        "--progress",
-        choices=training.PROGRESS_CHOICES,
-        default=defaults.progress,
+    add_progress_arguments(
+        run,
         help="auto: a progress bar on a terminal, plain lines when output goes to a file or "
         "pipe (a Slurm job, nohup, CI): one per epoch with every logged value, and one every "
         "--log-every steps or --log-seconds seconds",
@@ -287,7 +293,6 @@ def build_parser():
         metavar="SECONDS",
         help="plain lines: one every SECONDS seconds (0: by steps only)",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
     return parser
 
 
@@ -342,7 +347,7 @@ def config_from_args(args):
         memory_growth=not args.no_memory_growth,
         resume=args.resume,
         benchmark=args.benchmark,
-        progress="off" if args.quiet else args.progress,
+        progress=progress_setting(args),
         log_every=args.log_every,
         log_seconds=args.log_seconds,
     )

@@ -49,8 +49,9 @@ from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import (  # noqa: E402
     ArgumentParser,
     add_detector_arguments,
-    add_progress_argument,
+    add_progress_arguments,
     output_folder,
+    progress_setting,
     run_main,
 )
 from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
@@ -96,7 +97,7 @@ def build_parser():
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
-    add_progress_argument(parser)
+    add_progress_arguments(parser)
     parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
     parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
     parser.add_argument(
@@ -175,7 +176,7 @@ def _detecting(args, source):
         total = source.num_records(args.split)
     if args.limit:
         total = min(total, args.limit) if total else None
-    return counter(total, what="evaluate", unit="images", progress=args.progress)
+    return counter(total, what="evaluate", unit="images", progress=progress_setting(args))
 
 
 def _advance(bar):
@@ -258,7 +259,7 @@ def coco_json(args, log=print):
     spec = _spec(args, args.weights, class_names=class_names, log=log)
     model = load_keras_model(args.weights, spec)
     total = min(len(data.get("images", ())), args.limit or len(data.get("images", ())))
-    with counter(total, what="evaluate", unit="images", progress=args.progress) as bar:
+    with counter(total, what="evaluate", unit="images", progress=progress_setting(args)) as bar:
         results, metrics, num_images = validate.evaluate_coco_json(
             model,
             args.coco_json,

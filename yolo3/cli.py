@@ -148,16 +148,20 @@ def add_detector_arguments(parser):
     )
 
 
-def add_progress_argument(parser):
-    """``--progress`` of the tools that count images (see :mod:`yolo3.progress`)."""
+def add_progress_arguments(
+    parser, *, help="auto: a bar on a terminal, else a plain line every 30 s"
+):
+    """``--progress`` and ``--quiet`` of every tool that shows progress (see
+    :mod:`yolo3.progress`); :func:`progress_setting` reads them back as one value."""
     from yolo3.progress import PROGRESS_CHOICES  # noqa: PLC0415 - the skeleton stays light
 
-    parser.add_argument(
-        "--progress",
-        choices=PROGRESS_CHOICES,
-        default="auto",
-        help="auto: a bar on a terminal, else a plain line every 30 s",
-    )
+    parser.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto", help=help)
+    parser.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
+
+
+def progress_setting(args):
+    """``args.progress``, or ``"off"`` with ``--quiet`` whatever ``--progress`` says."""
+    return "off" if args.quiet else args.progress
 
 
 def fail(message, status=2):
