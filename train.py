@@ -30,12 +30,14 @@ from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
 from yolo3.cli import (  # noqa: E402
     KNOWN_ERRORS,
     ArgumentParser,
+    add_model_type_argument,
     add_progress_arguments,
     fail,
     output_folder,
     progress_setting,
     run_main,
 )
+from yolo3.model import MODEL_TYPES  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -57,7 +59,9 @@ def build_parser():
         default=str(REPO_ROOT / "model_data" / "tiny_yolo_anchors.txt"),
         help="anchors file: 9 pairs for yolov3, 6 for tiny",
     )
-    data.add_argument("--model", choices=("yolov3", "tiny"), help="default: from the anchors")
+    add_model_type_argument(data, help="default: from the anchors")
+    # --model: the spelling of earlier releases, kept working for a release, out of --help.
+    data.add_argument("--model", dest="model_type", choices=MODEL_TYPES, help=argparse.SUPPRESS)
     data.add_argument(
         "--weights",
         help="initial weights: converted Darknet, our checkpoints or "
@@ -302,7 +306,7 @@ def config_from_args(args):
         log_dir=args.log_dir,
         val_records=args.val_records,
         anchors=args.anchors,
-        model=args.model,
+        model=args.model_type,
         weights=args.weights,
         freeze_body=args.freeze_body,
         freeze_epochs=args.freeze_epochs,

@@ -30,7 +30,13 @@ from yolo3.cli import start_tensorflow  # noqa: E402
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import fileio  # noqa: E402
-from yolo3.cli import ArgumentParser, add_detector_arguments, output_folder, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_detector_arguments,
+    add_model_type_argument,
+    output_folder,
+    run_main,
+)
 from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
@@ -68,10 +74,8 @@ def build_parser():
         "--classes",
         help=f"classes file (default: the weights' metadata, else {FALLBACKS['classes_path']})",
     )
-    parser.add_argument(
-        "--model-type",
-        choices=("yolov3", "tiny"),
-        help="default: the weights' metadata, else from the anchor count",
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
     )
     parser.add_argument(
         "--input-size",

@@ -49,6 +49,7 @@ from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import (  # noqa: E402
     ArgumentParser,
     add_detector_arguments,
+    add_model_type_argument,
     add_progress_arguments,
     output_folder,
     progress_setting,
@@ -82,6 +83,9 @@ def build_parser():
         help="classes file (default: the weights' metadata; a record set has its own)",
     )
     parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
+    )
     parser.add_argument(
         "--input-size",
         type=int,
@@ -118,6 +122,7 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
         classes_path=None if class_names is not None else args.classes,
         class_names=class_names,
         anchors_path=args.anchors or anchors_path,
+        model_type=args.model_type,
         input_size=input_size or args.input_size,
         anchor_masks=args.anchor_masks,
         resampling=args.resampling,

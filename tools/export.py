@@ -21,7 +21,13 @@ from yolo3.cli import start_tensorflow  # noqa: E402
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3.cli import ArgumentParser, add_detector_arguments, check_output_path, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_detector_arguments,
+    add_model_type_argument,
+    check_output_path,
+    run_main,
+)
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
@@ -37,7 +43,9 @@ def build_parser():
     )
     parser.add_argument("--classes", help="classes file (default: the weights' metadata)")
     parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
-    parser.add_argument("--model-type", choices=("yolov3", "tiny"))
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
+    )
     parser.add_argument(
         "--input-size", type=int, help="a multiple of 32 (default: the weights' metadata)"
     )

@@ -148,6 +148,13 @@ def add_detector_arguments(parser):
     )
 
 
+def add_model_type_argument(parser, *, default=None, help="default: from the anchor count"):
+    """``--model-type``, the architecture, of every tool that takes one."""
+    from yolo3.model import MODEL_TYPES  # noqa: PLC0415 - the skeleton itself stays light
+
+    return parser.add_argument("--model-type", choices=MODEL_TYPES, default=default, help=help)
+
+
 def add_progress_arguments(
     parser, *, help="auto: a bar on a terminal, else a plain line every 30 s"
 ):
