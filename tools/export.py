@@ -8,7 +8,8 @@ The artifact is a whole detector (see :mod:`yolo3.export`): uint8 images at the 
 and their original sizes in, boxes in original pixels out, with the score and IoU
 thresholds and the detection cap fixed now and recorded in its metadata. Classes, anchors,
 masks and input size come from the weights file's metadata, or from the flags. Run any
-artifact with ``tools/detect.py --model PATH`` or :func:`yolo3.runtime.load_detector`.
+artifact with ``tools/detect.py --weights PATH`` (``tools/evaluate.py --weights PATH`` scores
+it) or :func:`yolo3.runtime.load_detector`.
 Exit status 0 on success, 2 on bad flags or inputs.
 """
 
