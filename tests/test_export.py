@@ -392,7 +392,7 @@ def test_evaluate_tool_scores_an_artifact_as_it_scores_the_weights(
 def test_detect_benchmark_runs_every_engine_against_opencv(tmp_path, capsys):
     pytest.importorskip("cv2")
     argv = [
-        "detect", "--models", "tiny", "--input-size", "64", "--batch-sizes", "1", "2",
+        "detect", "--model-types", "tiny", "--input-size", "64", "--batch-sizes", "1", "2",
         "--threads", "1", "--calls", "1", "--engines", "keras", "tflite", "opencv",
         "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "detect.json"),
     ]  # fmt: skip
