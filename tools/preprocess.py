@@ -29,19 +29,13 @@ from yolo3.augment import AugmentConfig  # noqa: E402
 from yolo3.cli import (  # noqa: E402
     ArgumentParser,
     add_progress_arguments,
+    argument_type,
     fail,
     output_folder,
     progress_setting,
     run_main,
 )
 from yolo3.resources import parse_size, read_classes  # noqa: E402
-
-
-def _input_size(text):
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _available_cores():
@@ -60,7 +54,7 @@ def build_parser():
     parser.add_argument("--output", type=output_folder, help="output folder of the record set")
     parser.add_argument(
         "--input-size",
-        type=_input_size,
+        type=argument_type(parse_size),
         default=(416, 416),
         help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
     )
