@@ -27,7 +27,17 @@ start_tensorflow()  # before the library imports TensorFlow: its start-up log he
 
 from yolo3 import training  # noqa: E402
 from yolo3.callbacks import PREEMPTED_STATUS  # noqa: E402
-from yolo3.cli import KNOWN_ERRORS, ArgumentParser, fail, output_folder, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    KNOWN_ERRORS,
+    ArgumentParser,
+    add_model_type_argument,
+    add_progress_arguments,
+    fail,
+    output_folder,
+    progress_setting,
+    run_main,
+)
+from yolo3.model import MODEL_TYPES  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -49,7 +59,9 @@ def build_parser():
         default=str(REPO_ROOT / "model_data" / "tiny_yolo_anchors.txt"),
         help="anchors file: 9 pairs for yolov3, 6 for tiny",
     )
-    data.add_argument("--model", choices=("yolov3", "tiny"), help="default: from the anchors")
+    add_model_type_argument(data, help="default: from the anchors")
+    # --model: the spelling of earlier releases, kept working for a release, out of --help.
+    data.add_argument("--model", dest="model_type", choices=MODEL_TYPES, help=argparse.SUPPRESS)
     data.add_argument(
         "--weights",
         help="initial weights: converted Darknet, our checkpoints or "
@@ -265,10 +277,8 @@ def build_parser():
         metavar="SECONDS",
         help="only read the input pipeline for SECONDS and print images/s",
     )
-    run.add_argument(
-        "--progress",
-        choices=training.PROGRESS_CHOICES,
-        default=defaults.progress,
+    add_progress_arguments(
+        run,
         help="auto: a progress bar on a terminal, plain lines when output goes to a file or "
         "pipe (a Slurm job, nohup, CI): one per epoch with every logged value, and one every "
         "--log-every steps or --log-seconds seconds",
@@ -287,7 +297,6 @@ def build_parser():
         metavar="SECONDS",
         help="plain lines: one every SECONDS seconds (0: by steps only)",
     )
-    run.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
     return parser
 
 
@@ -297,7 +306,7 @@ def config_from_args(args):
         log_dir=args.log_dir,
         val_records=args.val_records,
         anchors=args.anchors,
-        model=args.model,
+        model=args.model_type,
         weights=args.weights,
         freeze_body=args.freeze_body,
         freeze_epochs=args.freeze_epochs,
@@ -342,7 +351,7 @@ def config_from_args(args):
         memory_growth=not args.no_memory_growth,
         resume=args.resume,
         benchmark=args.benchmark,
-        progress="off" if args.quiet else args.progress,
+        progress=progress_setting(args),
         log_every=args.log_every,
         log_seconds=args.log_seconds,
     )

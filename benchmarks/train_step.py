@@ -86,11 +86,11 @@ class TrainStepConfig:
 
     def __post_init__(self):
         if self.model not in _EXPECTED_ANCHORS:
-            raise ValueError(f"--model {self.model!r}: use one of {sorted(_EXPECTED_ANCHORS)}")
+            raise ValueError(f"--model-type {self.model!r}: use one of {sorted(_EXPECTED_ANCHORS)}")
         expected = _EXPECTED_ANCHORS[self.model]
         if len(self.anchors) != expected:
             raise ValueError(
-                f"--model {self.model} needs {expected} anchors; {len(self.anchors)} given"
+                f"--model-type {self.model} needs {expected} anchors; {len(self.anchors)} given"
             )
         if self.input_size % 32 or self.input_size <= 0:
             raise ValueError(f"--input-size {self.input_size} is not a positive multiple of 32")

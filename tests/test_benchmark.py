@@ -411,7 +411,7 @@ def test_overhead_is_the_median_of_the_ratios_within_rounds():
 
 def test_configs_reject_settings_they_cannot_run():
     tiny_anchors = ((10, 14),) * 6
-    with pytest.raises(ValueError, match="--model yolov3 needs 9 anchors; 6 given"):
+    with pytest.raises(ValueError, match="--model-type yolov3 needs 9 anchors; 6 given"):
         train_step.TrainStepConfig(anchors=tiny_anchors, model="yolov3")
     with pytest.raises(ValueError, match="--input-size 100 is not a positive multiple of 32"):
         train_step.TrainStepConfig(anchors=tiny_anchors, input_size=100)

@@ -2,16 +2,19 @@
 TensorFlow's start-up log held back."""
 
 import argparse
+import functools
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 from helpers import load_tool
 
 import train
+from yolo3 import validate
 from yolo3.cli import TF_LOG_ENV, HelpFormatter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +137,12 @@ def _parsers():
                     yield f"{name} {command}", sub
 
 
+@functools.cache
+def _parser_table():
+    """``{name: parser}`` of :func:`_parsers`, built once for the tests that only parse."""
+    return dict(_parsers())
+
+
 def test_every_flag_is_hyphenated_and_shows_its_default():
     for name, parser in _parsers():
         assert issubclass(parser.formatter_class, HelpFormatter), name
@@ -147,3 +156,210 @@ def test_every_flag_is_hyphenated_and_shows_its_default():
                 text = formatter._get_help_string(action) % {"default": action.default}
                 assert "default" in text, f"{name} {action.option_strings[0]}: {text!r}"
         parser.format_help()  # every help string renders
+
+
+# The flags every tool spells and reads the same way. A tool whose default differs says why
+# here; a tool that lacks a flag simply does not have it.
+ARCHITECTURE_DEFAULTS = {"benchmark train": "tiny", "benchmark scaling": "tiny"}  # the one measured
+ANCHORS_DEFAULTS = ("train", "benchmark io")  # model_data's files, for a run with no flag
+CLASSES_DEFAULTS = ("voc_annotation",)  # the 20 VOC classes
+# Tools that write something of a fixed shape (record shards, a Darknet cfg) take HEIGHTxWIDTH.
+SIZE_PAIRS = ("convert", "preprocess")
+
+
+def _visible(parser):
+    """``{option: action}`` of the options ``--help`` shows."""
+    return {
+        option: action
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS
+        for option in action.option_strings
+    }
+
+
+def test_shared_flags_mean_the_same_in_every_tool():
+    from yolo3.cli import output_file, output_folder
+    from yolo3.model import MODEL_TYPES
+    from yolo3.progress import PROGRESS_CHOICES
+
+    seen = {}
+    for name, parser in _parsers():
+        flags = _visible(parser)
+        for option in flags:
+            seen.setdefault(option, []).append(name)
+        # The architecture is --model-type everywhere, a model file --weights.
+        assert "--model" not in flags and "--models" not in flags, name
+        if "--model-type" in flags:
+            action = flags["--model-type"]
+            assert action.dest == "model_type" and tuple(action.choices) == MODEL_TYPES, name
+            assert action.default == ARCHITECTURE_DEFAULTS.get(name), name
+        if "--model-types" in flags:
+            assert tuple(flags["--model-types"].choices) == MODEL_TYPES, name
+        if "--weights" in flags:
+            action = flags["--weights"]
+            assert action.dest == "weights" and action.type is None and action.nargs is None
+            assert action.default is None, name
+        if "--input-size" in flags:
+            action = flags["--input-size"]
+            expected = "parse_size" if name in SIZE_PAIRS else "int"
+            assert action.dest == "input_size" and action.type.__name__ == expected, name
+        for option, defaults in (("--anchors", ANCHORS_DEFAULTS), ("--classes", CLASSES_DEFAULTS)):
+            if option in flags:
+                action = flags[option]
+                assert action.type is None and action.nargs is None, f"{name} {option}"
+                assert (action.default is not None) == (name in defaults), f"{name} {option}"
+        # Progress: both flags or neither, with the same choices and default.
+        assert ("--progress" in flags) == ("--quiet" in flags), name
+        if "--progress" in flags:
+            action = flags["--progress"]
+            assert tuple(action.choices) == PROGRESS_CHOICES and action.default == "auto", name
+            assert isinstance(flags["--quiet"], argparse._StoreTrueAction), name
+            assert flags["--quiet"].dest == "quiet", name
+        if "--output" in flags:
+            action = flags["--output"]
+            assert action.dest == "output" and action.nargs is None, name
+            assert action.type in (None, output_folder, output_file), name  # a path, as given
+    # The tools the vocabulary is for have it.
+    assert {"train", "detect", "evaluate", "export", "convert"} <= set(seen["--model-type"])
+    assert {"train", "detect", "evaluate", "export"} <= set(seen["--weights"])
+    assert {"train", "evaluate", "preprocess", "demo"} <= set(seen["--progress"])
+
+
+# (parser, arguments every parse needs, old spelling, new spelling, its value or None)
+OLD_SPELLINGS = [
+    ("train", ["--records", "r"], "--model", "--model-type", "tiny"),
+    ("detect", ["a.png", "--output", "out"], "--model", "--weights", "model.onnx"),
+    ("evaluate", ["--records", "r"], "--model", "--weights", "model.onnx"),
+    ("preprocess", [], "--no-progress", "--quiet", None),
+    ("quickstart", [], "--size", "--input-size", "64"),
+    ("convert", ["a.cfg", "a.weights", "out.h5"], "--fixed_size", "--fixed-size", None),
+    ("benchmark train", [], "--model", "--model-type", "yolov3"),
+    ("benchmark detect", [], "--models", "--model-types", "tiny"),
+]
+
+
+@pytest.mark.parametrize(
+    "name, base, old, new, value", OLD_SPELLINGS, ids=[f"{o[0]} {o[2]}" for o in OLD_SPELLINGS]
+)
+def test_an_old_spelling_parses_as_the_new_one_and_stays_out_of_help(name, base, old, new, value):
+    parsers = _parser_table()
+    tool, *command = name.split()
+    given = [] if value is None else [value]
+
+    def parse(option):
+        return vars(parsers[tool].parse_args([*command, *base, option, *given]))
+
+    assert parse(old) == parse(new)
+    text = parsers[name].format_help()
+    assert re.search(rf"{re.escape(new)}(?![\w-])", text), text
+    assert not re.search(rf"{re.escape(old)}(?![\w-])", text), text
+
+
+def test_train_model_alias_builds_the_same_config(tmp_path):
+    base = ["--records", "r", "--log-dir", str(tmp_path / "run")]
+    configs = [
+        train.config_from_args(train.build_parser().parse_args([*base, flag, "tiny"]))
+        for flag in ("--model", "--model-type")
+    ]
+    assert configs[0] == configs[1] and configs[0].model == "tiny"
+
+
+def _fake_detectors(folder):
+    """Files that :func:`yolo3.export.artifact_engine` tells apart by what they hold: no
+    detector in them, enough to choose the way in."""
+    folder.mkdir()
+    saved = folder / "saved_model"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"")
+    (folder / "model.onnx").write_bytes(b"not onnx")
+    (folder / "model.tflite").write_bytes(b"\0\0\0\0TFL3")
+    (folder / "model.weights.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
+    return {
+        "saved_model": saved,
+        "onnx": folder / "model.onnx",
+        "tflite": folder / "model.tflite",
+        "keras": folder / "model.weights.h5",
+    }
+
+
+class _Stop(ValueError):
+    """Raised by a stand-in loader once it has recorded its call: status 2, nothing run."""
+
+
+@pytest.fixture
+def detect_calls(monkeypatch):
+    """``(path, keyword arguments)`` of each load_detector call of tools/detect.py."""
+    detect = load_tool("detect")
+    calls = []
+
+    def load(path, **settings):
+        calls.append((path, settings))
+        raise _Stop("stop")
+
+    monkeypatch.setattr(detect, "load_detector", load)
+    return detect, calls
+
+
+@pytest.mark.parametrize("flag", ["--weights", "--model"])
+def test_detect_opens_what_the_path_holds(detect_calls, flag, tmp_path, capsys):
+    detect, calls = detect_calls
+    files = _fake_detectors(tmp_path / "models")
+    for engine, path in files.items():
+        assert detect.main(["a.png", flag, str(path), "--output", str(tmp_path / "out")]) == 2
+        found, settings = calls.pop()
+        assert found == str(path)
+        if engine == "keras":  # the flags' settings, defaults filled in
+            assert settings["classes_path"] is None and settings["score_threshold"] == 0.3
+        else:  # only thresholds, which the artifact checks against its own
+            assert set(settings) == {"score_threshold", "iou_threshold", "max_detections"}
+    # What an exported file fixes is refused by flag, before it is opened.
+    argv = ["a.png", flag, str(files["onnx"]), "--output", str(tmp_path / "out")]
+    capsys.readouterr()
+    assert detect.main([*argv, "--classes", "c.txt", "--input-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--classes, --input-size are part of it" in err
+    assert "exported onnx model" in err and not calls
+    # A path that holds no detector is refused by flag.
+    missing = ["a.png", flag, str(tmp_path / "none.onnx"), "--output", str(tmp_path / "out")]
+    assert detect.main(missing) == 2
+    assert f"--weights {tmp_path / 'none.onnx'}: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--weights", "--model"])
+def test_evaluate_scores_what_the_path_holds(flag, tmp_path, monkeypatch, capsys):
+    evaluate = load_tool("evaluate")
+    files = _fake_detectors(tmp_path / "models")
+    routes = []
+    monkeypatch.setattr(
+        evaluate, "evaluate_once", lambda args, weights, *rest: routes.append(("keras", weights))
+    )
+
+    def load(path, **settings):
+        routes.append(("artifact", path))
+        # The artifact's own score threshold, above the mAP threshold: a note says so.
+        return types.SimpleNamespace(spec=types.SimpleNamespace(score_threshold=0.3))
+
+    monkeypatch.setattr(evaluate, "load_detector", load)
+    missing = str(tmp_path / "no_records")
+    assert evaluate.main([flag, str(files["keras"]), "--annotations", "a.txt"]) == 0
+    assert routes.pop() == ("keras", str(files["keras"]))
+    for engine in ("saved_model", "onnx", "tflite"):
+        # The note, then the missing record set ends the run.
+        assert evaluate.main([flag, str(files[engine]), "--records", missing]) == 2
+        assert routes.pop() == ("artifact", str(files[engine])), engine
+        out = capsys.readouterr().out
+        assert f"export with --score {validate.MAP_SCORE_THRESHOLD}" in out
+    # An exported file: not for --coco-json, and what it fixes is refused by flag.
+    for extra, named in (
+        (["--coco-json", "x.json"], "--coco-json"),
+        (["--records", missing, "--anchors", "a.txt"], "--anchors is part of it"),
+        (["--records", missing, "--model-type", "tiny"], "--model-type is part of it"),
+    ):
+        capsys.readouterr()
+        assert evaluate.main([flag, str(files["tflite"]), *extra]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "exported tflite model" in err and err.count("\n") == 1
+    assert not routes
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert evaluate.main([flag, str(tmp_path / "notes.txt"), "--records", missing]) == 2
+    assert "--weights " in capsys.readouterr().err

@@ -303,12 +303,14 @@ def test_cli_onnx_then_detect_tool_runs_it(exported, reference, tmp_path):
     for index, image in enumerate(_images()):
         Image.fromarray(image).save(folder / f"{index}.png")
     out = tmp_path / "out"
-    assert load_tool("detect").main([str(folder), "--model", str(path), "--output", str(out)]) == 0
+    assert (
+        load_tool("detect").main([str(folder), "--weights", str(path), "--output", str(out)]) == 0
+    )
     records = json.loads((out / "detections.json").read_text())["images"]
     assert [len(r["scores"]) for r in records] == [len(r["scores"]) for r in reference]
     # An artifact's thresholds are part of it.
     code = load_tool("detect").main(
-        [str(folder), "--model", str(path), "--output", str(out), "--score", "0.5"]
+        [str(folder), "--weights", str(path), "--output", str(out), "--score", "0.5"]
     )
     assert code == 2
 
@@ -380,19 +382,19 @@ def test_evaluate_tool_scores_an_artifact_as_it_scores_the_weights(
     evaluate = load_tool("evaluate")
     common = ["--records", scored_records, "--no-coco", "--gallery", "0"]
     figures = []
-    for flag, value in (("--weights", exported["weights"]), ("--model", path)):
-        output = tmp_path / flag.strip("-")
-        assert evaluate.main([flag, str(value), *common, "--output", str(output)]) == 0
+    for name, value in (("weights", exported["weights"]), ("tflite", path)):
+        output = tmp_path / name
+        assert evaluate.main(["--weights", str(value), *common, "--output", str(output)]) == 0
         figures.append(json.loads((output / "metrics.json").read_text()))
     assert figures[0]["voc"]["mAP"] == pytest.approx(figures[1]["voc"]["mAP"], abs=1e-6)
     assert figures[0]["voc"]["mAP"] > 0  # the untrained model finds some boxes by chance
-    assert evaluate.main(["--model", str(path), "--coco-json", "x.json"]) == 2
+    assert evaluate.main(["--weights", str(path), "--coco-json", "x.json"]) == 2
 
 
 def test_detect_benchmark_runs_every_engine_against_opencv(tmp_path, capsys):
     pytest.importorskip("cv2")
     argv = [
-        "detect", "--models", "tiny", "--input-size", "64", "--batch-sizes", "1", "2",
+        "detect", "--model-types", "tiny", "--input-size", "64", "--batch-sizes", "1", "2",
         "--threads", "1", "--calls", "1", "--engines", "keras", "tflite", "opencv",
         "--work-dir", str(tmp_path / "work"), "--json", str(tmp_path / "detect.json"),
     ]  # fmt: skip

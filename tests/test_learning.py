@@ -70,7 +70,7 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
     preprocess = [
         "--annotations", str(data / "train.txt"), "--classes", str(data / "classes.txt"),
         "--output", str(records), "--input-size", size, "--copies", "0",
-        "--seed", str(SEED), "--workers", "2", "--no-progress",
+        "--seed", str(SEED), "--workers", "2", "--quiet",
     ]  # fmt: skip
     fit = [
         "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),

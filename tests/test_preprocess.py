@@ -123,7 +123,7 @@ def _keys(data):
 
 
 def _run(argv):
-    return tool.main([*argv, "--no-progress"])
+    return tool.main([*argv, "--quiet"])
 
 
 # --- bad inputs -----------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_killed_run_resumes_to_the_same_bytes(tmp_path):
     annotations = _kill_dataset(tmp_path / "images")
     classes = _write_classes(tmp_path)
     argv = ["--annotations", annotations, "--classes", classes, "--input-size", str(SIZE)]
-    argv += ["--copies", "3", "--num-shards", "24", "--workers", "1", "--no-progress"]
+    argv += ["--copies", "3", "--num-shards", "24", "--workers", "1", "--quiet"]
     reference, killed = tmp_path / "uninterrupted", tmp_path / "interrupted"
     assert tool.main([*argv, "--output", str(reference)]) == 0
 

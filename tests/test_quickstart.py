@@ -35,12 +35,12 @@ def test_generated_boxes_are_exact_and_deterministic():
 
 def test_quickstart_runs_end_to_end(capsys):
     quickstart = load_tool("quickstart")
-    argv = ["--steps", "2", "--size", "64", "--train-images", "8", "--val-images", "2"]
+    argv = ["--steps", "2", "--input-size", "64", "--train-images", "8", "--val-images", "2"]
     assert quickstart.main(argv + ["--batch-size", "4"]) == 0
     output = capsys.readouterr().out
     assert "step    2/2" in output and "held-out objects found" in output
 
 
 def test_quickstart_refuses_bad_size(capsys):
-    assert load_tool("quickstart").main(["--size", "100"]) == 2
-    assert "--size 100 is not a multiple of 32" in capsys.readouterr().err
+    assert load_tool("quickstart").main(["--input-size", "100"]) == 2
+    assert "--input-size 100 is not a multiple of 32" in capsys.readouterr().err

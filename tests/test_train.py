@@ -185,8 +185,8 @@ def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
     assert train.main(train_args(tmp_path / "nothing", tmp_path, anchors)) == 2
     assert "tools/preprocess.py" in capsys.readouterr().err
     wrong = write_anchors(tmp_path / "nine.txt", np.tile(SMALL_ANCHORS, (2, 1))[:9])
-    assert train.main(train_args(records, tmp_path, wrong, "--model", "tiny")) == 2
-    assert "6" in capsys.readouterr().err
+    assert train.main(train_args(records, tmp_path, wrong, "--model-type", "tiny")) == 2
+    assert "--model-type tiny needs 6 anchors" in capsys.readouterr().err
     # Tiny's weights share layer names with YOLOv3's first layers, not their meaning: nine
     # anchors make a YOLOv3, which the file's metadata refuses before any model is built.
     tiny_file = str(tmp_path / "tiny.weights.h5")

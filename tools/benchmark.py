@@ -1,11 +1,11 @@
 """Benchmarks of the training input and the training step, one subcommand each.
 
     python tools/benchmark.py io [--images 200] [--repeats 3] [--json io.json]
-    python tools/benchmark.py train [--model tiny|yolov3] [--input-size 416] [--batch-size 8]
+    python tools/benchmark.py train [--model-type tiny|yolov3] [--input-size 416] [--batch-size 8]
         [--precisions float32 bfloat16] [--xla off on] [--remat off full]
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
         [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4 1:bfloat16:local16]
-    python tools/benchmark.py detect [--models tiny yolov3] [--weights W --records R]
+    python tools/benchmark.py detect [--model-types tiny yolov3] [--weights W --records R]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -52,7 +52,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from yolo3.cli import ArgumentParser, start_tensorflow  # noqa: E402
+from yolo3.cli import ArgumentParser, add_model_type_argument, start_tensorflow  # noqa: E402
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
@@ -159,10 +159,10 @@ def _step_config(args, **extra):
     from benchmarks.train_step import TrainStepConfig  # noqa: PLC0415
     from yolo3.resources import read_anchors  # noqa: PLC0415
 
-    anchors = read_anchors(args.anchors or _default_anchors(args.model))
+    anchors = read_anchors(args.anchors or _default_anchors(args.model_type))
     return TrainStepConfig(
         anchors=tuple(map(tuple, anchors.tolist())),
-        model=args.model,
+        model=args.model_type,
         input_size=args.input_size,
         batch_size=args.batch_size,
         num_classes=args.num_classes,
@@ -197,8 +197,14 @@ def _run_train(args):
 
 
 def _add_model_flags(parser, *, input_size, steps, warmup_steps, repeats):
-    parser.add_argument("--model", choices=("tiny", "yolov3"), default="tiny")
-    parser.add_argument("--anchors", help="anchors file (default: model_data's file for --model)")
+    from yolo3.model import MODEL_TYPES  # noqa: PLC0415
+
+    add_model_type_argument(parser, default="tiny", help="the network to measure")
+    # --model: the spelling of earlier releases, kept working for a release, out of --help.
+    parser.add_argument("--model", dest="model_type", choices=MODEL_TYPES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--anchors", help="anchors file (default: model_data's file for --model-type)"
+    )
     parser.add_argument(
         "--input-size", type=int, default=input_size, help=f"square input ({input_size})"
     )
@@ -368,7 +374,7 @@ def _run_detect(args):
     from benchmarks.detect import DetectConfig, format_detect, run_detect  # noqa: PLC0415
 
     config = DetectConfig(
-        models=tuple(args.models),
+        models=tuple(args.model_types),
         input_size=args.input_size,
         batch_sizes=tuple(args.batch_sizes),
         threads=tuple(args.threads),
@@ -393,8 +399,12 @@ def _add_detect(subparsers):
         description="detect() end to end (letterbox, network, decode, NMS) on Keras, each "
         "exported artifact and OpenCV dnn on the same weights in Darknet format.",
     )
+    from yolo3.model import MODEL_TYPES  # noqa: PLC0415
+
+    parser.add_argument("--model-types", nargs="+", choices=MODEL_TYPES, default=["tiny", "yolov3"])
+    # --models: the spelling of earlier releases, kept working for a release, out of --help.
     parser.add_argument(
-        "--models", nargs="+", choices=("tiny", "yolov3"), default=["tiny", "yolov3"]
+        "--models", nargs="+", dest="model_types", choices=MODEL_TYPES, help=argparse.SUPPRESS
     )
     parser.add_argument("--input-size", type=int, default=416)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])

@@ -27,7 +27,13 @@ start_tensorflow()  # before the library imports TensorFlow: its start-up log he
 
 from yolo3 import darknet, darknet_writer  # noqa: E402
 from yolo3 import weights as yolo_weights  # noqa: E402
-from yolo3.cli import ArgumentParser, argument_type, output_file, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_model_type_argument,
+    argument_type,
+    output_file,
+    run_main,
+)
 from yolo3.model import MODEL_TYPES, build_model  # noqa: E402
 from yolo3.resources import (  # noqa: E402
     DARKNET_INPUT_SIZE,
@@ -83,7 +89,7 @@ def build_parser():
         help="write these weights (.weights.h5, .keras or an original keras-yolo3 .h5) as "
         "config_path and weights_path",
     )
-    export.add_argument("--model-type", choices=MODEL_TYPES, help="default: from the anchor count")
+    add_model_type_argument(export)
     export.add_argument(
         "--num-classes", type=int, metavar="N", help="classes the model was trained for"
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from yolo3.cli import ArgumentParser, run_main  # noqa: E402
+from yolo3.cli import ArgumentParser, add_progress_arguments, run_main  # noqa: E402
 
 
 def build_parser():
@@ -53,8 +53,16 @@ def build_parser():
         help="train multi-scale (train.py --multi-scale; alone: 64 to 128 px here)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_progress_arguments(parser, help="passed to the tools that show progress")
     return parser
+
+
+def _progress_flags(args):
+    """``--progress`` and ``--quiet`` as the tools take them, left out where they are the
+    default (the commands printed stay short)."""
+    if args.quiet:
+        return ["--quiet"]
+    return [] if args.progress == "auto" else ["--progress", args.progress]
 
 
 def _run(title, script, argv, timings):
@@ -73,7 +81,7 @@ def run(args):
     data, records, log_dir = out / "data", out / "records", out / "train"
     anchors, report = out / "anchors.txt", out / "eval"
     size = str(args.input_size)
-    quiet = ["--quiet"] if args.quiet else []
+    progress = _progress_flags(args)
     timings = {}
     _run("generate the data set", "tools/make_demo_dataset.py", [
         "--output", str(data), "--train", str(args.train_images),
@@ -87,20 +95,20 @@ def run(args):
         "--annotations", str(data / "train.txt"), "--val-annotations", str(data / "val.txt"),
         "--classes", str(data / "classes.txt"), "--output", str(records),
         "--input-size", size, "--copies", str(args.copies), "--seed", str(args.seed),
-        "--overwrite", *(["--no-progress"] if args.quiet else []),
+        "--overwrite", *progress,
     ], timings)  # fmt: skip
     _run("train tiny-YOLOv3 from scratch", "train.py", [
         "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),
         "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
         "--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size),
         "--warmup-epochs", "1", "--ignore-thresh", str(args.ignore_thresh),
-        "--seed", str(args.seed), "--gpus", "0", *quiet,
+        "--seed", str(args.seed), "--gpus", "0", *progress,
         *(["--multi-scale", args.multi_scale] if args.multi_scale else []),
         *(["--resume"] if (log_dir / "checkpoints" / "state.weights.h5").exists() else []),
     ], timings)  # fmt: skip
     _run("evaluate on the held-out images", "tools/evaluate.py", [
         "--weights", str(log_dir / "checkpoints" / "last.weights.h5"),
-        "--records", str(records), "--output", str(report),
+        "--records", str(records), "--output", str(report), *progress,
     ], timings)  # fmt: skip
     metrics = json.loads((report / "metrics.json").read_text())
     print("\n== done")

@@ -1,13 +1,15 @@
 """Detect objects in images, folders of images and videos; write annotated copies and JSON.
 
     python tools/detect.py photos/ clip.mp4 --weights model_data/yolo.weights.h5 --output out
-    python tools/detect.py photos/ --model model.onnx --output out
+    python tools/detect.py photos/ --weights model.onnx --output out
 
-``--model`` takes any detector: weights, or a SavedModel, ONNX or TFLite file written by
-``tools/export.py``, whose classes, anchors and thresholds are part of it. A weights file's
-own metadata (model type, classes, anchors, masks, input size, as train.py and convert.py
-record them) is used for every flag not given; where the file records none, the COCO
-classes and anchors of ``model_data/`` and 416 px, said on stderr.
+``--weights`` takes any detector: a weights file (``.weights.h5``, or an original keras-yolo3
+``.h5``), or a SavedModel folder, ONNX or TFLite file written by ``tools/export.py``, told
+apart by what the path holds. An exported file fixes its classes, anchors, model type, input
+size, letterbox and thresholds: the flags that set them are refused with it. A weights
+file's own metadata (model type, classes, anchors, masks, input size, as train.py and
+convert.py record them) is used for every flag not given; where the file records none, the
+COCO classes and anchors of ``model_data/`` and 416 px, said on stderr.
 
 Writes ``out/<name>`` for each image (boxes drawn), ``out/<video stem>.detections.mp4`` for
 each video (every ``--video-stride``-th frame, annotated) and ``out/detections.json``:
@@ -19,6 +21,7 @@ when at least one image or frame was processed, 1 when none was, 2 on bad usage 
 flags, unusable weights, anchors or classes).
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -30,9 +33,16 @@ from yolo3.cli import start_tensorflow  # noqa: E402
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
 from yolo3 import fileio  # noqa: E402
-from yolo3.cli import ArgumentParser, add_detector_arguments, output_folder, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_detector_arguments,
+    add_model_type_argument,
+    detector_engine,
+    output_folder,
+    refuse_fixed_flags,
+    run_main,
+)
 from yolo3.detect import draw_detections  # noqa: E402
-from yolo3.export import artifact_engine  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
 from yolo3.resources import DARKNET_INPUT_SIZE  # noqa: E402
 from yolo3.runtime import load_detector  # noqa: E402
@@ -54,12 +64,14 @@ def build_parser():
     )
     parser.add_argument("inputs", nargs="+", help="image files, folders or video files")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--weights", help="weights file (.weights.h5)")
     source.add_argument(
-        "--model",
-        help="any detector: a .weights.h5 file, or a SavedModel folder, .onnx or .tflite "
-        "file written by tools/export.py (which fixes its thresholds)",
+        "--weights",
+        help="any detector: a .weights.h5 (or keras-yolo3 .h5) file, or a SavedModel folder, "
+        ".onnx or .tflite file written by tools/export.py (which fixes its settings)",
     )
+    # --model: the spelling of earlier releases for an exported file, kept working for a
+    # release, out of --help.
+    source.add_argument("--model", dest="weights", help=argparse.SUPPRESS)
     parser.add_argument(
         "--anchors",
         help=f"anchors file (default: the weights' metadata, else {FALLBACKS['anchors_path']})",
@@ -68,10 +80,8 @@ def build_parser():
         "--classes",
         help=f"classes file (default: the weights' metadata, else {FALLBACKS['classes_path']})",
     )
-    parser.add_argument(
-        "--model-type",
-        choices=("yolov3", "tiny"),
-        help="default: the weights' metadata, else from the anchor count",
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
     )
     parser.add_argument(
         "--input-size",
@@ -245,31 +255,39 @@ def expand_inputs(inputs, report, output_dir):
     return images, videos
 
 
-def detect(args):
-    """Runs the detector over the inputs; status 1 when no image or frame could be processed."""
-    source = args.weights or args.model
-    if artifact_engine(source) != "keras":
-        detector = load_detector(
+def open_detector(args):
+    """The detector ``--weights`` names: a weights file with the flags' settings, or an
+    exported artifact, which fixes them (the flags it fixes are refused; thresholds other
+    than its own too)."""
+    source = args.weights
+    engine = detector_engine(source)
+    if engine != "keras":
+        refuse_fixed_flags(args, source, engine)
+        return load_detector(
             source,
             score_threshold=args.score,
             iou_threshold=args.iou,
             max_detections=args.max_detections,
         )
-    else:
-        detector = load_detector(
-            source,
-            classes_path=args.classes,
-            anchors_path=args.anchors,
-            model_type=args.model_type,
-            input_size=args.input_size,
-            anchor_masks=args.anchor_masks,
-            resampling=args.resampling,
-            score_threshold=0.3 if args.score is None else args.score,
-            iou_threshold=0.45 if args.iou is None else args.iou,
-            max_detections=args.max_detections or 100,
-            fallbacks=FALLBACKS,
-            log=lambda line: print(line, file=sys.stderr),
-        )
+    return load_detector(
+        source,
+        classes_path=args.classes,
+        anchors_path=args.anchors,
+        model_type=args.model_type,
+        input_size=args.input_size,
+        anchor_masks=args.anchor_masks,
+        resampling=args.resampling,
+        score_threshold=0.3 if args.score is None else args.score,
+        iou_threshold=0.45 if args.iou is None else args.iou,
+        max_detections=args.max_detections or 100,
+        fallbacks=FALLBACKS,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+
+
+def detect(args):
+    """Runs the detector over the inputs; status 1 when no image or frame could be processed."""
+    detector = open_detector(args)
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)
     run = Run(detector, output_dir, args.batch_size)
@@ -283,7 +301,7 @@ def detect(args):
     fileio.write_json(
         output_dir / "detections.json",
         {
-            "weights": str(source),
+            "weights": str(args.weights),
             "classes": detector.class_names,
             "input_size": list(detector.input_hw),
             "images": run.records,

@@ -6,13 +6,16 @@
         --classes model_data/coco_classes.txt
     python tools/evaluate.py --weights yolov3.weights.h5 \\
         --coco-json annotations/instances_val2017.json --images val2017
-    python tools/evaluate.py --model model-int8.tflite --records rec
+    python tools/evaluate.py --weights model-int8.tflite --records rec
     CUDA_VISIBLE_DEVICES=3 python tools/evaluate.py --watch logs/run
 
-The weights file's own metadata (model type, classes, anchors, masks, input size, as
-train.py and convert.py record them) is used for every flag not given; a record set fixes
-the classes and the input size it was made for. A file that records no input size is run at
-416 px, said on stderr.
+``--weights`` takes a weights file (``.weights.h5``, or an original keras-yolo3 ``.h5``) or a
+SavedModel folder, ONNX or TFLite file written by ``tools/export.py``, told apart by what the
+path holds. The weights file's own metadata (model type, classes, anchors, masks, input
+size, as train.py and convert.py record them) is used for every flag not given; a record set
+fixes the classes and the input size it was made for. A file that records no input size is
+run at 416 px, said on stderr. An exported file fixes all of these and its thresholds: it
+takes ``--records`` or ``--annotations``, and refuses the flags that set what it fixes.
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
 curve per class (``pr/``) and ``gallery.png`` (found true boxes green, missed ones dashed
@@ -34,6 +37,7 @@ Run it as a separate process on a device of its own (``CUDA_VISIBLE_DEVICES``).
 Exit status: 0 on success, 2 on bad usage or input.
 """
 
+import argparse
 import os
 import shutil
 import sys
@@ -49,14 +53,19 @@ from yolo3 import fileio, records, validate  # noqa: E402
 from yolo3.cli import (  # noqa: E402
     ArgumentParser,
     add_detector_arguments,
-    add_progress_argument,
+    add_model_type_argument,
+    add_progress_arguments,
+    detector_engine,
     output_folder,
+    progress_setting,
+    refuse_fixed_flags,
     run_main,
 )
 from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
 from yolo3.progress import counter  # noqa: E402
 from yolo3.resources import DARKNET_INPUT_SIZE  # noqa: E402
+from yolo3.runtime import load_detector  # noqa: E402
 from yolo3.weights import read_metadata  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,12 +73,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def build_parser():
     parser = ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--weights", help="weights to evaluate (.weights.h5)")
-    parser.add_argument(
-        "--model",
-        help="instead of --weights: a SavedModel, .onnx or .tflite file from tools/export.py "
-        "(export it with --score 0.01 for figures comparable with --weights)",
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--weights",
+        help="the detector to score: a .weights.h5 (or keras-yolo3 .h5) file, or a "
+        "SavedModel folder, .onnx or .tflite file from tools/export.py (export it with "
+        "--score 0.01 for figures comparable with its weights file)",
     )
+    # --model: the spelling of earlier releases for an exported file, kept working for a
+    # release, out of --help.
+    weights.add_argument("--model", dest="weights", help=argparse.SUPPRESS)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--records", help="record set; its --split is evaluated")
     source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
@@ -81,6 +94,9 @@ def build_parser():
         help="classes file (default: the weights' metadata; a record set has its own)",
     )
     parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
+    )
     parser.add_argument(
         "--input-size",
         type=int,
@@ -96,7 +112,7 @@ def build_parser():
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
-    add_progress_argument(parser)
+    add_progress_arguments(parser)
     parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
     parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
     parser.add_argument(
@@ -117,6 +133,7 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
         classes_path=None if class_names is not None else args.classes,
         class_names=class_names,
         anchors_path=args.anchors or anchors_path,
+        model_type=args.model_type,
         input_size=input_size or args.input_size,
         anchor_masks=args.anchor_masks,
         resampling=args.resampling,
@@ -175,7 +192,7 @@ def _detecting(args, source):
         total = source.num_records(args.split)
     if args.limit:
         total = min(total, args.limit) if total else None
-    return counter(total, what="evaluate", unit="images", progress=args.progress)
+    return counter(total, what="evaluate", unit="images", progress=progress_setting(args))
 
 
 def _advance(bar):
@@ -206,36 +223,38 @@ def _figure(value):
     return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN: no such boxes
 
 
-def exported(args, log=print):
-    """Scores an exported artifact (``--model``) on a record set or an annotation file."""
-    from yolo3.runtime import load_detector  # noqa: PLC0415
-
-    if args.coco_json or args.watch or args.weights:
+def exported(args, engine, log=print):
+    """Scores an exported ``engine`` artifact (``--weights``) on a record set or an
+    annotation file."""
+    if args.coco_json:
         raise ValueError(
-            "--model takes --records or --annotations (not --weights, --coco-json or --watch)"
+            f"--coco-json scores a weights file; {args.weights} is an exported {engine} model "
+            f"(score it with --records or --annotations)"
         )
-    detector = load_detector(args.model)
+    refuse_fixed_flags(args, args.weights, engine)
+    detector = load_detector(args.weights)
     if detector.spec.score_threshold > validate.MAP_SCORE_THRESHOLD:
         log(
-            f"note: {args.model} drops detections scoring below "
+            f"note: {args.weights} drops detections scoring below "
             f"{detector.spec.score_threshold}, which lowers mAP; export with --score "
-            f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with --weights"
+            f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with its weights file"
         )
     source = records.open_record_set(args.records) if args.records else args.annotations
     with _detecting(args, source) as bar:
         evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args, bar))
-    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.model)), "eval")
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
     _report(args, evaluation, output, log)
     return 0
 
 
 def single(args):
-    if args.model:
-        return exported(args)
     if not args.weights or not (args.records or args.annotations or args.coco_json):
         raise ValueError(
             "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
         )
+    engine = detector_engine(args.weights)
+    if engine != "keras":
+        return exported(args, engine)
     if args.coco_json:
         return coco_json(args)
     # A record set's manifest is read here once and handed on.
@@ -258,7 +277,7 @@ def coco_json(args, log=print):
     spec = _spec(args, args.weights, class_names=class_names, log=log)
     model = load_keras_model(args.weights, spec)
     total = min(len(data.get("images", ())), args.limit or len(data.get("images", ())))
-    with counter(total, what="evaluate", unit="images", progress=args.progress) as bar:
+    with counter(total, what="evaluate", unit="images", progress=progress_setting(args)) as bar:
         results, metrics, num_images = validate.evaluate_coco_json(
             model,
             args.coco_json,

@@ -8,7 +8,8 @@ The artifact is a whole detector (see :mod:`yolo3.export`): uint8 images at the 
 and their original sizes in, boxes in original pixels out, with the score and IoU
 thresholds and the detection cap fixed now and recorded in its metadata. Classes, anchors,
 masks and input size come from the weights file's metadata, or from the flags. Run any
-artifact with ``tools/detect.py --model PATH`` or :func:`yolo3.runtime.load_detector`.
+artifact with ``tools/detect.py --weights PATH`` (``tools/evaluate.py --weights PATH`` scores
+it) or :func:`yolo3.runtime.load_detector`.
 Exit status 0 on success, 2 on bad flags or inputs.
 """
 
@@ -21,7 +22,13 @@ from yolo3.cli import start_tensorflow  # noqa: E402
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3.cli import ArgumentParser, add_detector_arguments, check_output_path, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_detector_arguments,
+    add_model_type_argument,
+    check_output_path,
+    run_main,
+)
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
@@ -37,7 +44,9 @@ def build_parser():
     )
     parser.add_argument("--classes", help="classes file (default: the weights' metadata)")
     parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
-    parser.add_argument("--model-type", choices=("yolov3", "tiny"))
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
+    )
     parser.add_argument(
         "--input-size", type=int, help="a multiple of 32 (default: the weights' metadata)"
     )

@@ -26,15 +26,16 @@ start_tensorflow()  # before the library imports TensorFlow: its start-up log he
 
 from yolo3 import preprocess  # noqa: E402
 from yolo3.augment import AugmentConfig  # noqa: E402
-from yolo3.cli import ArgumentParser, add_progress_argument, fail, output_folder, run_main  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_progress_arguments,
+    argument_type,
+    fail,
+    output_folder,
+    progress_setting,
+    run_main,
+)
 from yolo3.resources import parse_size, read_classes  # noqa: E402
-
-
-def _input_size(text):
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _available_cores():
@@ -53,7 +54,7 @@ def build_parser():
     parser.add_argument("--output", type=output_folder, help="output folder of the record set")
     parser.add_argument(
         "--input-size",
-        type=_input_size,
+        type=argument_type(parse_size),
         default=(416, 416),
         help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
     )
@@ -109,8 +110,10 @@ def build_parser():
         action="store_true",
         help="delete the record set in --output (its files only) first, whatever its settings",
     )
-    add_progress_argument(run)
-    run.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_progress_arguments(run)
+    # --no-progress: the spelling of earlier releases (--quiet), kept working for a release,
+    # out of --help.
+    run.add_argument("--no-progress", action="store_true", dest="quiet", help=argparse.SUPPRESS)
     run.add_argument("--verify", metavar="DIR", help="check a record set and exit")
     return parser
 
@@ -186,7 +189,7 @@ def _preprocess(args, parser):
         workers=args.workers,
         overwrite=args.overwrite,
         strict=args.strict,
-        progress="off" if args.no_progress else args.progress,
+        progress=progress_setting(args),
     )
     print(_summary(manifest, args.output))
     return 0

@@ -4,9 +4,10 @@ A self-contained tour of the library with no data to bring: synthetic images, in
 targets, the per-image loss, a training loop, and batched detection. Prints the loss as it
 falls and, at the end, how many held-out objects were found.
 
-    python tools/quickstart.py [--steps 700] [--size 96]
+    python tools/quickstart.py [--steps 700] [--input-size 96]
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,9 @@ start_tensorflow()  # before the library imports TensorFlow: its start-up log he
 def build_parser():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=700, help="training steps (default 700)")
-    parser.add_argument("--size", type=int, default=96, help="input size, a multiple of 32")
+    parser.add_argument("--input-size", type=int, default=96, help="a multiple of 32")
+    # --size: the spelling of earlier releases, kept working for a release, out of --help.
+    parser.add_argument("--size", type=int, dest="input_size", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--train-images", type=int, default=512)
     parser.add_argument("--val-images", type=int, default=64)
@@ -30,8 +33,8 @@ def build_parser():
 
 
 def _check_args(parser, args):
-    if args.size % 32:
-        parser.error(f"--size {args.size} is not a multiple of 32")
+    if args.input_size % 32:
+        parser.error(f"--input-size {args.input_size} is not a multiple of 32")
 
 
 def tour(args):
@@ -46,7 +49,7 @@ def tour(args):
     from yolo3.targets import build_targets
 
     tf.keras.utils.set_random_seed(args.seed)
-    size, num_classes = args.size, len(CLASS_NAMES)
+    size, num_classes = args.input_size, len(CLASS_NAMES)
     repo = Path(__file__).resolve().parents[1]
     # Darknet's tiny anchors are for 416 px inputs; scale them to this input.
     anchors = read_anchors(repo / "model_data" / "tiny_yolo_anchors.txt") * (size / 416)

@@ -148,16 +148,57 @@ def add_detector_arguments(parser):
     )
 
 
-def add_progress_argument(parser):
-    """``--progress`` of the tools that count images (see :mod:`yolo3.progress`)."""
+def add_model_type_argument(parser, *, default=None, help="default: from the anchor count"):
+    """``--model-type``, the architecture, of every tool that takes one."""
+    from yolo3.model import MODEL_TYPES  # noqa: PLC0415 - the skeleton itself stays light
+
+    return parser.add_argument("--model-type", choices=MODEL_TYPES, default=default, help=help)
+
+
+def detector_engine(path):
+    """What ``path`` (a ``--weights`` value) holds: ``"keras"`` for a weights file, else the
+    exported artifact's engine (:func:`yolo3.export.artifact_engine`); ValueError naming the
+    flag for a path that holds no detector."""
+    from yolo3.export import artifact_engine  # noqa: PLC0415 - imports TensorFlow
+
+    try:
+        return artifact_engine(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--weights {err}") from None
+
+
+# What an exported artifact fixes, as argparse names the flags of the tools that run one
+# (tools/detect.py, tools/evaluate.py): the weights file's flags, refused with an artifact.
+ARTIFACT_FIXED = ("classes", "anchors", "model_type", "input_size", "anchor_masks", "resampling")
+
+
+def refuse_fixed_flags(args, path, engine):
+    """ValueError naming each flag of :data:`ARTIFACT_FIXED` given in ``args`` although
+    ``path``, an exported ``engine`` artifact, fixes it."""
+    given = [name for name in ARTIFACT_FIXED if getattr(args, name, None) is not None]
+    if given:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        one = len(given) == 1
+        raise ValueError(
+            f"{path} is an exported {engine} model: {flags} {'is' if one else 'are'} part of "
+            f"it (give its weights file to --weights to change {'it' if one else 'them'})"
+        )
+
+
+def add_progress_arguments(
+    parser, *, help="auto: a bar on a terminal, else a plain line every 30 s"
+):
+    """``--progress`` and ``--quiet`` of every tool that shows progress (see
+    :mod:`yolo3.progress`); :func:`progress_setting` reads them back as one value."""
     from yolo3.progress import PROGRESS_CHOICES  # noqa: PLC0415 - the skeleton stays light
 
-    parser.add_argument(
-        "--progress",
-        choices=PROGRESS_CHOICES,
-        default="auto",
-        help="auto: a bar on a terminal, else a plain line every 30 s",
-    )
+    parser.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto", help=help)
+    parser.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
+
+
+def progress_setting(args):
+    """``args.progress``, or ``"off"`` with ``--quiet`` whatever ``--progress`` says."""
+    return "off" if args.quiet else args.progress
 
 
 def fail(message, status=2):

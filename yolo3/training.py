@@ -104,7 +104,10 @@ class TrainConfig:
 
     def __post_init__(self):
         checks = [
-            (self.model is None or self.model in MODEL_TYPES, f"--model: one of {MODEL_TYPES}"),
+            (
+                self.model is None or self.model in MODEL_TYPES,
+                f"--model-type: one of {MODEL_TYPES}",
+            ),
             (self.freeze_body in (0, 1, 2), "--freeze-body: 0, 1 or 2"),
             (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
             (self.epochs >= 1, "--epochs must be >= 1"),
@@ -379,7 +382,7 @@ def run(config, *, log=print):
     model_type = config.model or model_type_for_anchors(len(anchors))
     if model_type != model_type_for_anchors(len(anchors)):
         raise ValueError(
-            f"--model {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
+            f"--model-type {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
             f"{config.anchors} has {len(anchors)}"
         )
     if config.weights:
