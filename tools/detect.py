@@ -41,6 +41,7 @@ from yolo3.cli import (  # noqa: E402
     output_folder,
     refuse_fixed_flags,
     run_main,
+    weights_settings,
 )
 from yolo3.detect import draw_detections  # noqa: E402
 from yolo3.image import load_rgb  # noqa: E402
@@ -271,12 +272,7 @@ def open_detector(args):
         )
     return load_detector(
         source,
-        classes_path=args.classes,
-        anchors_path=args.anchors,
-        model_type=args.model_type,
-        input_size=args.input_size,
-        anchor_masks=args.anchor_masks,
-        resampling=args.resampling,
+        **weights_settings(args),
         score_threshold=0.3 if args.score is None else args.score,
         iou_threshold=0.45 if args.iou is None else args.iou,
         max_detections=args.max_detections or 100,

@@ -28,6 +28,7 @@ from yolo3.cli import (  # noqa: E402
     add_model_type_argument,
     check_output_path,
     run_main,
+    weights_settings,
 )
 
 FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
@@ -96,12 +97,7 @@ def _export(args):
 
     spec = spec_for_weights(
         args.weights,
-        classes_path=args.classes,
-        anchors_path=args.anchors,
-        model_type=args.model_type,
-        input_size=args.input_size,
-        anchor_masks=args.anchor_masks,
-        resampling=args.resampling,
+        **weights_settings(args),
         score_threshold=args.score,
         iou_threshold=args.iou,
         max_detections=args.max_detections,

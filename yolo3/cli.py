@@ -167,9 +167,23 @@ def detector_engine(path):
         raise ValueError(f"--weights {err}") from None
 
 
-# What an exported artifact fixes, as argparse names the flags of the tools that run one
-# (tools/detect.py, tools/evaluate.py): the weights file's flags, refused with an artifact.
-ARTIFACT_FIXED = ("classes", "anchors", "model_type", "input_size", "anchor_masks", "resampling")
+# The flags that describe the detector a weights file holds, as argparse names them, and the
+# keyword of yolo3.detector_spec.spec_for_weights (and load_detector) each one feeds. An
+# exported artifact fixes all of them: tools/detect.py and tools/evaluate.py refuse them there.
+WEIGHTS_FLAGS = {
+    "classes": "classes_path",
+    "anchors": "anchors_path",
+    "model_type": "model_type",
+    "input_size": "input_size",
+    "anchor_masks": "anchor_masks",
+    "resampling": "resampling",
+}
+ARTIFACT_FIXED = tuple(WEIGHTS_FLAGS)
+
+
+def weights_settings(args):
+    """The :data:`WEIGHTS_FLAGS` in ``args`` as keyword arguments of ``spec_for_weights``."""
+    return {keyword: getattr(args, name, None) for name, keyword in WEIGHTS_FLAGS.items()}
 
 
 def refuse_fixed_flags(args, path, engine):
