@@ -312,6 +312,15 @@ def test_cli_on_a_folder_reports_and_skips_a_file_that_is_not_an_image(files, tm
     assert not list(output.glob(".tmp-*"))  # the atomic write left no temporary file
 
 
+def test_cli_legend_adds_a_band_below_each_image(files, tmp_path):
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(tmp_path / "a.png")
+    args = _cli_args(files, tmp_path / "a.png", output=tmp_path / "out", extra=["--legend"])
+    assert detect_cli.main(args) == 0
+    [annotated] = (tmp_path / "out").rglob("a.png")
+    with Image.open(annotated) as image:
+        assert image.width == 128 and image.height > 96  # the band below, the image above
+
+
 def test_cli_on_a_video_takes_every_nth_frame(files, tmp_path, monkeypatch):
     video = tmp_path / "clip.mp4"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (128, 96))

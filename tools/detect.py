@@ -98,6 +98,12 @@ def build_parser():
     )
     parser.add_argument("--video-stride", type=int, default=1, help="use every Nth frame")
     parser.add_argument("--batch-size", type=int, default=8, help="images per model call")
+    parser.add_argument(
+        "--legend",
+        action="store_true",
+        help="add a band below each annotated image naming the colours of the classes drawn "
+        "(images only: video frames keep their size)",
+    )
     return parser
 
 
@@ -114,10 +120,11 @@ def _check_args(parser, args):
 class Run:
     """What one invocation found and produced: JSON records, errors and output names."""
 
-    def __init__(self, detector, output_dir, batch_size):
+    def __init__(self, detector, output_dir, batch_size, legend=False):
         self.detector = detector
         self.output_dir = output_dir
         self.batch_size = batch_size
+        self.legend = legend
         self.records = []
         self.errors = []
         self.used_names = set()
@@ -167,7 +174,9 @@ class Run:
                     relative = relative.with_suffix(".png")
                 target = self.output_name(relative)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                drawn = draw_detections(image, detection, self.detector.class_names)
+                drawn = draw_detections(
+                    image, detection, self.detector.class_names, legend=self.legend
+                )
                 drawn.save(target, quality=95)  # quality applies to JPEG only
                 print(f"{path}: {len(detection['boxes'])} detections")
 
@@ -286,7 +295,7 @@ def detect(args):
     detector = open_detector(args)
     output_dir = Path(args.output)
     output_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(detector, output_dir, args.batch_size)
+    run = Run(detector, output_dir, args.batch_size, legend=args.legend)
     images, videos = expand_inputs(args.inputs, run.error, output_dir)
     run.images(images)
     for video in videos:
