@@ -132,7 +132,7 @@ def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path):
+def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path, capsys):
     records, anchors = record_set
     args = train_args(records, tmp_path, anchors, "--steps-per-epoch", "3")
     assert train.main([*args, "--epochs", "1"]) == 0
@@ -140,10 +140,27 @@ def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path):
     assert metadata["epoch"] == 1
     # A second run into the same folder must say how to continue instead of overwriting.
     assert train.main([*args, "--epochs", "2"]) == 2
+    # What the saved state was built for cannot change on resume: refused before any step,
+    # naming the flag and the saved value.
+    other_anchors = write_anchors(tmp_path / "other_anchors.txt", SMALL_ANCHORS * 2)
+    resumed = [*args, "--epochs", "2", "--resume"]
+    for change, named, saved in (
+        (["--anchors", other_anchors], "--anchors", "[[6.0, 8.0], "),
+        (["--mixed-precision", "bfloat16"], "--mixed-precision", "saved with float32"),
+    ):
+        capsys.readouterr()
+        assert train.main([*resumed, *change]) == 2
+        err = capsys.readouterr().err
+        assert named in err and saved in err and "Traceback" not in err, err
+    # Anything else is honoured, and said.
     config = train.config_from_args(
-        train.build_parser().parse_args([*args, "--epochs", "2", "--resume"])
+        train.build_parser().parse_args([*resumed, "--batch-size", "2"])
     )
-    result = training.run(config, log=lambda *_: None)
+    training.configure(config)  # the refused run above set bfloat16
+    lines = []
+    result = training.run(config, log=lines.append)
+    assert "resume: --batch-size 2 (the run was saved with 4)" in lines
+    assert "resume: global batch 2 (was 4)" in lines
     assert result.epochs_done == 2
     assert int(result.trainer.optimizer.iterations) == 6  # 3 restored + 3 new steps
     assert read_training_state(str(tmp_path / "checkpoints"))[1]["epoch"] == 2

@@ -22,7 +22,16 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
-from yolo3 import communication, devices, distribute, fileio, local_steps, multiscale, records
+from yolo3 import (
+    communication,
+    devices,
+    distribute,
+    fileio,
+    local_steps,
+    multiscale,
+    records,
+    resume,
+)
 from yolo3 import data as yolo_data
 from yolo3.communication import ALLREDUCE_DTYPES
 from yolo3.compression import COMPRESSIONS, FLOAT16_REFUSAL, powersgd_bytes
@@ -413,6 +422,26 @@ def run(config, *, log=print):
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
     if config.compress != "none" and precision == "mixed_float16":
         raise ValueError(FLOAT16_REFUSAL)
+    # What config.json records beside the flags; a resumed run is checked against it.
+    resolved = {
+        "model": model_type,
+        "classes": classes,
+        "anchors": np.asarray(anchors).tolist(),
+        "input_size": list(input_hw),
+        "num_replicas": replicas,
+        "num_workers": info.num_workers,
+        "global_batch_size": global_batch,
+        "peak_lr": peak_lr,
+        "steps_per_epoch": steps,
+        "sync_bn": sync_bn,
+        "jit_compile": jit_compile,
+        "multi_scale_sizes": list(scales.sizes) if scales else None,
+        "precision": precision,
+    }
+    if config.resume:
+        resume.check_resumed(
+            resume.read_saved(config.log_dir), dataclasses.asdict(config), resolved, log=log
+        )
 
     with strategy.scope():
         body = build_model(
@@ -503,23 +532,7 @@ def run(config, *, log=print):
         os.makedirs(config.log_dir, exist_ok=True)
         fileio.write_json(
             os.path.join(config.log_dir, "config.json"),
-            {
-                **dataclasses.asdict(config),
-                "resolved": {
-                    "model": model_type,
-                    "classes": classes,
-                    "input_size": list(input_hw),
-                    "num_replicas": replicas,
-                    "num_workers": info.num_workers,
-                    "global_batch_size": global_batch,
-                    "peak_lr": peak_lr,
-                    "steps_per_epoch": steps,
-                    "sync_bn": sync_bn,
-                    "jit_compile": jit_compile,
-                    "multi_scale_sizes": list(scales.sizes) if scales else None,
-                    "precision": precision,
-                },
-            },
+            {**dataclasses.asdict(config), "resolved": resolved},
         )
     monitor = "val_loss" if val_data is not None else "loss"
     backup = yolo_callbacks.WorkerBackup(
