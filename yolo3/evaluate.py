@@ -76,8 +76,17 @@ def match_detections(det_boxes, det_scores, gt_boxes, gt_difficult=None, *, iou_
 
     Returns:
         ``(K,)`` int8 in input order: ``TRUE_POSITIVE`` (1), ``FALSE_POSITIVE`` (0) or
-        ``IGNORED`` (-1).
+        ``IGNORED`` (-1). :func:`match_boxes` also gives the boxes matched.
     """
+    labels, _ = match_boxes(
+        det_boxes, det_scores, gt_boxes, gt_difficult, iou_threshold=iou_threshold
+    )
+    return labels
+
+
+def match_boxes(det_boxes, det_scores, gt_boxes, gt_difficult=None, *, iou_threshold=0.5):
+    """:func:`match_detections`'s labels and the ``(M,)`` bool mask of the ground-truth boxes
+    a true positive matched."""
     det_boxes = np.asarray(det_boxes, np.float64).reshape(-1, 4)
     gt_boxes = np.asarray(gt_boxes, np.float64).reshape(-1, 4)
     scores = np.asarray(det_scores, np.float64).reshape(-1)
@@ -85,10 +94,10 @@ def match_detections(det_boxes, det_scores, gt_boxes, gt_difficult=None, *, iou_
         gt_difficult = np.zeros(len(gt_boxes), bool)
     gt_difficult = np.asarray(gt_difficult, bool).reshape(-1)
     labels = np.full(len(det_boxes), FALSE_POSITIVE, np.int8)
-    if len(gt_boxes) == 0 or len(det_boxes) == 0:
-        return labels
-    ious = box_iou(det_boxes, gt_boxes)
     matched = np.zeros(len(gt_boxes), bool)
+    if len(gt_boxes) == 0 or len(det_boxes) == 0:
+        return labels, matched
+    ious = box_iou(det_boxes, gt_boxes)
     for index in np.argsort(-scores, kind="stable"):
         best = int(np.argmax(ious[index]))
         if ious[index, best] < iou_threshold:
@@ -98,7 +107,7 @@ def match_detections(det_boxes, det_scores, gt_boxes, gt_difficult=None, *, iou_
         elif not matched[best]:
             matched[best] = True
             labels[index] = TRUE_POSITIVE
-    return labels
+    return labels, matched
 
 
 def voc_ap(recall, precision, *, use_11_point=False):

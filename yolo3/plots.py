@@ -12,7 +12,7 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from yolo3.evaluate import FALSE_POSITIVE, TRUE_POSITIVE, box_iou, match_detections
+from yolo3.evaluate import FALSE_POSITIVE, match_boxes
 from yolo3.fileio import atomic_write
 
 TRUE_BOX_COLOR = (0, 230, 0)
@@ -209,7 +209,7 @@ def gallery_image(
 def match_image(truth, detection, *, iou_threshold=0.5):
     """Which detections and truths of one image matched, by the VOC rule.
 
-    Per class, :func:`yolo3.evaluate.match_detections` takes the detections by descending
+    Per class, :func:`yolo3.evaluate.match_boxes` takes the detections by descending
     score; each matches the truth it overlaps most if IoU >= ``iou_threshold`` and no
     higher-scored detection took that truth first, so a truth matches at most once.
 
@@ -235,7 +235,7 @@ def match_image(truth, detection, *, iou_threshold=0.5):
     for class_id in np.unique(det_classes):
         in_class = np.flatnonzero(det_classes == class_id)
         gt_in_class = np.flatnonzero(gt_classes == class_id)
-        labels = match_detections(
+        labels, taken = match_boxes(
             det_boxes[in_class],
             det_scores[in_class],
             gt_boxes[gt_in_class],
@@ -243,11 +243,7 @@ def match_image(truth, detection, *, iou_threshold=0.5):
             iou_threshold=iou_threshold,
         )
         matched[in_class] = labels != FALSE_POSITIVE
-        hits = in_class[labels == TRUE_POSITIVE]
-        if hits.size:
-            # A true positive took the truth it overlaps most (match_detections' rule).
-            best = np.argmax(box_iou(det_boxes[hits], gt_boxes[gt_in_class]), axis=1)
-            found[gt_in_class[best]] = True
+        found[gt_in_class[taken]] = True
     return matched, found
 
 
