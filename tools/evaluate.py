@@ -60,6 +60,7 @@ from yolo3.cli import (  # noqa: E402
     progress_setting,
     refuse_fixed_flags,
     run_main,
+    weights_settings,
 )
 from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: E402
 from yolo3.fileio import atomic_write  # noqa: E402
@@ -128,15 +129,16 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
     """The :class:`yolo3.detector_spec.DetectorSpec` that ``weights`` are scored with: each
     flag when given, else what the source fixes (``class_names``, ``input_size``: a record
     set's), else the weights' metadata, else 416 px (said through ``log``)."""
+    settings = weights_settings(args)
+    settings.update(
+        classes_path=None if class_names is not None else args.classes,
+        anchors_path=args.anchors or anchors_path,
+        input_size=input_size or args.input_size,
+    )
     return spec_for_weights(
         weights,
-        classes_path=None if class_names is not None else args.classes,
+        **settings,
         class_names=class_names,
-        anchors_path=args.anchors or anchors_path,
-        model_type=args.model_type,
-        input_size=input_size or args.input_size,
-        anchor_masks=args.anchor_masks,
-        resampling=args.resampling,
         fallbacks={"input_size": DARKNET_INPUT_SIZE},
         log=lambda line: log(f"note: {line}"),
     )
