@@ -31,6 +31,7 @@ FIXED = (
     ("config", "overlap_sync", "--overlap-sync"),
     ("config", "outer_momentum", "--outer-momentum"),
 )
+FIXED_FIELDS = frozenset(key for where, key, _ in FIXED if where == "config")
 # Changes a resumed run honours and reports from its resolved settings: where they come from
 # the devices or the cluster rather than one flag.
 RESOLVED_LOGGED = (
@@ -74,10 +75,7 @@ def check_resumed(saved, config, resolved, log=print):
     saved_resolved = saved.get("resolved", {})
     now = {"config": config, "resolved": resolved}
     was = {"config": saved, "resolved": saved_resolved}
-    fixed_fields = set()
     for where, key, flag in FIXED:
-        if where == "config":
-            fixed_fields.add(key)
         if key not in was[where]:  # saved by a version that did not record it
             continue
         if _normal(was[where][key]) != _normal(now[where].get(key)):
@@ -87,7 +85,7 @@ def check_resumed(saved, config, resolved, log=print):
                 "a new run in another --log-dir"
             )
     for field, value in config.items():
-        if field in NOT_COMPARED or field in fixed_fields or field not in saved:
+        if field in NOT_COMPARED or field in FIXED_FIELDS or field not in saved:
             continue
         if _normal(saved[field]) != _normal(value):
             was_text = _text(saved[field])
