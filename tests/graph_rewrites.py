@@ -1,9 +1,9 @@
 """Grappler's graph rewrites off, for the processes whose runs the tests compare.
 
 Grappler rewrites every traced function before its first run (constant folding, layout and
-arithmetic passes, fusing ops). For the few-step runs of the tests that is a large share of
-the time: a step of tiny-YOLOv3 on four replicas took 50 s in a process with the rewrites and
-36 s without (tests/sharding_step.py 4), and tests/test_dense_steps.py 87 s and 70 s.
+arithmetic passes, fusing ops). For the few-step runs of the tests that is a share of the
+time: ``pytest tests/test_dense_steps.py -m slow`` took 87 s with the rewrites and 70 s
+without, the four-replica process of tests/sharding_step.py 45.0 s and 41.5 s.
 
 The tests that compare runs number for number (layouts, resumes, reductions) run both sides
 in processes set up here, so the comparison is made alike on both. The end-to-end runs of the
