@@ -1,20 +1,29 @@
 """Packaging for keras-yolo3: ``pip install .`` or ``pip install -e .[test]``."""
 
+import re
+
 from setuptools import find_packages, setup
+
+# The version has one home, yolo3.__version__; read here without importing the package.
+VERSION = re.search(r'^__version__ = "(.+)"$', open("yolo3/__init__.py").read(), re.M).group(1)
 
 EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
 
 setup(
     name="keras-yolo3",
-    version="0.1.0",
+    version=VERSION,
     description="YOLOv3 and tiny-YOLOv3 on Keras 3 and TensorFlow, for training on many GPUs",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # The callbacks live in the repository's top-level callbacks/ folder and install inside
-    # the library as yolo3.callbacks, so that the distribution adds one top-level name.
-    packages=[*find_packages(include=["yolo3", "yolo3.*"]), "yolo3.callbacks"],
-    package_dir={"yolo3.callbacks": "callbacks"},
+    # the library as yolo3.callbacks, so that the distribution adds one top-level name; the
+    # shipped anchors and class names (model_data/) likewise, as data of yolo3.model_data,
+    # where yolo3.resources.model_data_file finds them outside a checkout.
+    packages=[*find_packages(include=["yolo3", "yolo3.*"]), "yolo3.callbacks", "yolo3.model_data"],
+    package_dir={"yolo3.callbacks": "callbacks", "yolo3.model_data": "model_data"},
+    package_data={"yolo3.model_data": ["*.txt"]},
+    entry_points={"console_scripts": ["yolo3 = yolo3.commands:main"]},
     py_modules=[],
     install_requires=[
         "tensorflow>=2.21,<2.22",

@@ -37,7 +37,7 @@ class MapEvaluation(keras.callbacks.Callback):
     another, and would miss what Keras's writer adds to an older file in the same folder.
 
     Detection over the validation split takes a while; for long runs prefer a separate
-    ``tools/evaluate.py --watch`` process on a device of its own, which does not hold up
+    ``yolo3 evaluate --watch`` process on a device of its own, which does not hold up
     training.
 
     Args:

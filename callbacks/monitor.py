@@ -109,7 +109,7 @@ class StopOnNonFinite(keras.callbacks.Callback):
             self.message = (
                 f"non-finite loss at epoch {self.epoch + 1}, step {batch + 1}: {terms}. "
                 "Lower --lr, lengthen the warmup, or check the data with "
-                "tools/preprocess.py --verify"
+                "yolo3 preprocess --verify"
             )
             self.model.stop_training = True
 

@@ -5,7 +5,7 @@ and spot machines send SIGTERM and wait a grace period before SIGKILL. On SIGTER
 callback asks the job to stop: the trainer carries the request through the next step's
 collective logs (``YoloTrainer.attach_stop_flag``), so every worker, also those that got no
 signal, sees it after the same step, writes its backup at that step (``WorkerBackup``) and
-leaves ``fit``. ``train.py`` then exits with :data:`PREEMPTED_STATUS`, and the same command
+leaves ``fit``. ``yolo3 train`` then exits with :data:`PREEMPTED_STATUS`, and the same command
 resumes from that step.
 
 ``tf.distribute.experimental.PreemptionCheckpointHandler`` does the agreement through the

@@ -139,11 +139,15 @@ def numpy_loss(
 
 
 def load_tool(name):
-    """Imports ``tools/<name>.py`` as a module (the tools folder is not a package)."""
+    """The module of a command (``yolo3/commands/<name>.py``) or, for the benchmark harness,
+    of ``tools/<name>.py`` (the tools folder is not a package)."""
+    import importlib
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    if name != "benchmark":
+        return importlib.import_module(f"yolo3.commands.{name}")
     spec = importlib.util.spec_from_file_location(f"tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import load_tool
 
-import train
-from yolo3 import validate
+from yolo3 import commands, validate
 from yolo3.cli import TF_LOG_ENV, HelpFormatter
+from yolo3.commands import COMMANDS, summary, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,10 +120,8 @@ def test_a_failed_start_shows_what_was_held_back(tmp_path):
     assert "ImportError: tensorflow is broken" in result.stderr
 
 
-TOOLS = (
-    "benchmark", "coco_annotation", "convert", "demo", "detect", "evaluate", "export",
-    "kmeans", "launch", "make_demo_dataset", "preprocess", "quickstart", "voc_annotation",
-)  # fmt: skip
+# Every command but train, and the benchmark harness, which lives outside the package.
+TOOLS = ("benchmark", *sorted(module for module in COMMANDS.values() if module != "train"))
 
 
 def _parsers():
@@ -161,7 +159,8 @@ def test_every_flag_is_hyphenated_and_shows_its_default():
 # The flags every tool spells and reads the same way. A tool whose default differs says why
 # here; a tool that lacks a flag simply does not have it.
 ARCHITECTURE_DEFAULTS = {"benchmark train": "tiny", "benchmark scaling": "tiny"}  # the one measured
-ANCHORS_DEFAULTS = ("train", "benchmark io")  # model_data's files, for a run with no flag
+# model_data's file, for a run with no flag (train picks it by --model-type, so: None).
+ANCHORS_DEFAULTS = ("benchmark io",)
 CLASSES_DEFAULTS = ("voc_annotation",)  # the 20 VOC classes
 # Tools that write something of a fixed shape (record shards, a Darknet cfg) take HEIGHTxWIDTH.
 SIZE_PAIRS = ("convert", "preprocess")
@@ -363,3 +362,23 @@ def test_evaluate_scores_what_the_path_holds(flag, tmp_path, monkeypatch, capsys
     (tmp_path / "notes.txt").write_text("not a model")
     assert evaluate.main([flag, str(tmp_path / "notes.txt"), "--records", missing]) == 2
     assert "--weights " in capsys.readouterr().err
+
+
+def test_every_command_module_is_a_yolo3_command_with_a_checkout_entry_point():
+    modules = {path.stem for path in (REPO / "yolo3" / "commands").glob("*.py")} - {"__init__"}
+    assert modules == set(COMMANDS.values())
+    for name, module in COMMANDS.items():
+        script = REPO / ("train.py" if name == "train" else f"tools/{module}.py")
+        assert f'run_command("{name}")' in script.read_text(), script
+        assert summary(name) and summary(name)[0].isupper(), name
+
+
+def test_yolo3_command_lists_its_commands_and_refuses_an_unknown_one(capsys):
+    assert commands.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed and summary(name) in listed for name in COMMANDS)
+    assert commands.main([]) == 2
+    assert "usage: yolo3 {" in capsys.readouterr().err
+    assert commands.main(["trian", "--records", "r"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"yolo3: error: unknown command 'trian': choose from {', '.join(COMMANDS)}"

@@ -19,8 +19,8 @@ from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 from train_worker import SNAPSHOT_ENV
 
-import train
 from yolo3 import training
+from yolo3.commands import train
 from yolo3.communication import allreduce_bytes
 from yolo3.compression import (
     PowerSGDState,

@@ -7,7 +7,7 @@ from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_local_steps import _copies, _fit, _more_steps
 from train_helpers import train_args
 
-import train
+from yolo3.commands import train
 from yolo3.trainer import YoloTrainer
 
 

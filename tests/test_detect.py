@@ -97,13 +97,13 @@ def detector(files):
     return Detector(files["weights"], files["anchors"], files["classes"], input_size=INPUT_SIZE)
 
 
-def _sorted_rows(boxes):
+def sorted_rows(boxes):
     return np.array(sorted(np.asarray(boxes).tolist()))
 
 
 def _check_grid(result, expected):
     assert len(result["boxes"]) == 4
-    np.testing.assert_allclose(_sorted_rows(result["boxes"]), expected, atol=1e-3)
+    np.testing.assert_allclose(sorted_rows(result["boxes"]), expected, atol=1e-3)
     assert result["classes"].tolist() == [1] * 4 and result["labels"] == ["dog"] * 4
     np.testing.assert_allclose(result["scores"], SCORE, rtol=1e-5)
 
@@ -302,8 +302,8 @@ def test_cli_on_a_folder_reports_and_skips_a_file_that_is_not_an_image(files, tm
     report = json.loads((output / "detections.json").read_text())
     by_name = {record["path"].rsplit("/", 1)[-1]: record for record in report["images"]}
     assert sorted(by_name) == ["a.png", "b.png"]
-    np.testing.assert_allclose(_sorted_rows(by_name["a.png"]["boxes"]), EXPECTED_LANDSCAPE)
-    np.testing.assert_allclose(_sorted_rows(by_name["b.png"]["boxes"]), EXPECTED_PORTRAIT)
+    np.testing.assert_allclose(sorted_rows(by_name["a.png"]["boxes"]), EXPECTED_LANDSCAPE)
+    np.testing.assert_allclose(sorted_rows(by_name["b.png"]["boxes"]), EXPECTED_PORTRAIT)
     assert by_name["b.png"]["class_ids"] == [1] * 4 and by_name["b.png"]["labels"] == ["dog"] * 4
     assert [e["path"].rsplit("/", 1)[-1] for e in report["errors"]] == ["broken.png"]
     for relative, size in (("photos/a.png", (128, 96)), ("photos/sub/b.png", (48, 96))):
@@ -343,7 +343,7 @@ def test_cli_on_a_video_takes_every_nth_frame(files, tmp_path, monkeypatch):
 
     report = json.loads((output / "detections.json").read_text())
     assert [record["frame"] for record in report["images"]] == [0, 2, 4, 6]
-    np.testing.assert_allclose(_sorted_rows(report["images"][3]["boxes"]), EXPECTED_LANDSCAPE)
+    np.testing.assert_allclose(sorted_rows(report["images"][3]["boxes"]), EXPECTED_LANDSCAPE)
     # The network sees RGB: red stays red after decoding (codec error is a few levels).
     assert len(seen) == 4 and seen[0][48, 64, 0] > 200 and seen[0][48, 64, 2] < 60
     annotated = cv2.VideoCapture(str(output / "clip.detections.mp4"))
@@ -398,7 +398,7 @@ def test_detector_uses_the_anchor_masks_the_weights_record(files, weights_with_m
     detector = Detector(weights_with_masks, files["anchors"], files["classes"], input_size=64)
     assert detector.anchor_masks == ((4, 3, 5), (0, 1, 2))
     [result] = detector.detect(np.zeros((64, 64, 3), np.uint8))
-    np.testing.assert_allclose(_sorted_rows(result["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
+    np.testing.assert_allclose(sorted_rows(result["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
     # Given masks win over recorded ones.
     given = Detector(
         weights_with_masks,
@@ -429,7 +429,7 @@ def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
     args[args.index("--weights") + 1] = weights_with_masks
     assert detect_cli.main(args) == 0
     [record] = json.loads((output / "detections.json").read_text())["images"]
-    np.testing.assert_allclose(_sorted_rows(record["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
+    np.testing.assert_allclose(sorted_rows(record["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
     assert detect_cli.main([*args, "--anchor-masks", "3,4,5 0,1,2"]) == 0
     [record] = json.loads((output / "detections.json").read_text())["images"]
     assert max(box[2] - box[0] for box in record["boxes"]) < 13  # anchor 3: 12 x 10 px
@@ -440,10 +440,8 @@ def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
     assert "beyond the 6 given" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def described_weights(tmp_path_factory):
+def write_described_weights(path):
     """The hand-set model in a file that records all a detector needs, as train.py writes."""
-    path = str(tmp_path_factory.mktemp("described") / "described.weights.h5")
     metadata = {
         "model_type": "tiny",
         "num_classes": 2,
@@ -452,8 +450,13 @@ def described_weights(tmp_path_factory):
         "anchor_masks": [[3, 4, 5], [0, 1, 2]],
         "input_size": [INPUT_SIZE, INPUT_SIZE],
     }
-    save_weights(make_model(), path, metadata)
-    return path
+    save_weights(make_model(), str(path), metadata)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def described_weights(tmp_path_factory):
+    return write_described_weights(tmp_path_factory.mktemp("described") / "described.weights.h5")
 
 
 def test_cli_takes_what_the_weights_file_records(described_weights, tmp_path, capsys):
@@ -468,7 +471,7 @@ def test_cli_takes_what_the_weights_file_records(described_weights, tmp_path, ca
     report = json.loads((output / "detections.json").read_text())
     assert report["input_size"] == [INPUT_SIZE, INPUT_SIZE] and report["classes"] == CLASS_NAMES
     [record] = report["images"]
-    np.testing.assert_allclose(_sorted_rows(record["boxes"]), EXPECTED_LANDSCAPE, atol=1e-3)
+    np.testing.assert_allclose(sorted_rows(record["boxes"]), EXPECTED_LANDSCAPE, atol=1e-3)
     assert record["labels"] == ["dog"] * 4
     # A flag still wins over the file: 96 px is a 3 x 3 grid of the stride-32 head.
     assert detect_cli.main([*args, "--input-size", "96"]) == 0

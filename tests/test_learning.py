@@ -82,10 +82,10 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
 
     # Each tool in a process of its own, timed, by the demo's own runner.
     run = load_tool("demo")._run
-    run("generate", "tools/make_demo_dataset.py", generate, times)
-    run("anchors", "tools/kmeans.py", fit_anchors, times)
-    run("preprocess", "tools/preprocess.py", preprocess, times)
-    run("train", "train.py", fit, times)
+    run("generate", "yolo3 make-demo-dataset", generate, times)
+    run("anchors", "yolo3 kmeans", fit_anchors, times)
+    run("preprocess", "yolo3 preprocess", preprocess, times)
+    run("train", "yolo3 train", fit, times)
 
     started = time.perf_counter()
     class_names = read_classes(data / "classes.txt")

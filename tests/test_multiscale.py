@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-import train
 from yolo3 import training
+from yolo3.commands import train
 from yolo3.model import tiny_yolo_body
 from yolo3.multiscale import ScaleSchedule, darknet_sizes, parse_sizes, resize_batch
 from yolo3.weights import load_weights

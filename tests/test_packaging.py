@@ -6,6 +6,7 @@ environment, and imported there with this environment's packages behind it for T
 and Keras.
 """
 
+import json
 import os
 import re
 import shutil
@@ -15,13 +16,16 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from packaging.requirements import Requirement
+from PIL import Image
+from test_detect import EXPECTED_LANDSCAPE, sorted_rows, write_described_weights
 
 from yolo3.keras_mwms import TESTED_KERAS_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("setup.py", "pyproject.toml", "README.md", "yolo3", "callbacks")
+SOURCES = ("setup.py", "pyproject.toml", "README.md", "yolo3", "callbacks", "model_data")
 BENCHMARK_MODULES = {"benchmark", "benchmark_io", "benchmark_scaling", "benchmark_train"}
 
 
@@ -61,12 +65,23 @@ def installed(tmp_path_factory):
     # This environment's packages (TensorFlow, Keras, ...) as a plain path entry: its .pth
     # files, the editable install's import hook among them, are not run from there.
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    return {"python": python, "site": site, "names": names, "cwd": work, "metadata": metadata}
+    return {
+        "python": python,
+        "bin": env_dir / "bin",
+        "site": site,
+        "names": names,
+        "cwd": work,
+        "metadata": metadata,
+    }
+
+
+def _outside_env():
+    """This environment without PYTHONPATH: what is imported comes from the installed wheel."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def _python(installed, code):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return _run([str(installed["python"]), "-c", code], cwd=installed["cwd"], env=env)
+    return _run([str(installed["python"]), "-c", code], cwd=installed["cwd"], env=_outside_env())
 
 
 def test_wheel_adds_exactly_one_top_level_name(installed):
@@ -106,3 +121,30 @@ def test_keras_requirement_admits_exactly_the_versions_the_workaround_accepts(in
     candidates = {"3.14.0", "3.15.0", "3.15.1", "3.15.2", "3.16.0", *TESTED_KERAS_VERSIONS}
     allowed = {version for version in candidates if requirement.specifier.contains(version)}
     assert allowed == set(TESTED_KERAS_VERSIONS)
+
+
+def test_yolo3_command_detects_from_the_installed_wheel_outside_the_checkout(installed):
+    # The console script, run from a folder outside the repository: the tool's code, its
+    # shipped anchors and classes (yolo3/model_data) and the weights' own metadata all come
+    # from the installed package, and the hand-set model gives its hand-derived boxes.
+    work = installed["cwd"] / "detect_run"
+    work.mkdir()
+    weights = write_described_weights(work / "described.weights.h5")
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(work / "a.png")
+    yolo3 = str(installed["bin"] / "yolo3")
+    env = _outside_env()
+    _run([yolo3, "detect", "a.png", "--weights", weights, "--output", "out"], cwd=work, env=env)
+    [record] = json.loads((work / "out" / "detections.json").read_text())["images"]
+    np.testing.assert_allclose(sorted_rows(record["boxes"]), EXPECTED_LANDSCAPE, atol=1e-3)
+    assert record["labels"] == ["dog"] * 4
+    assert "yolo3 detect" in _run([yolo3, "detect", "--help"], cwd=work, env=env)
+    out = _python(
+        installed,
+        "from yolo3.resources import model_data_file\nprint(model_data_file('yolo_anchors.txt'))\n",
+    )
+    shipped = Path(out.strip().splitlines()[-1])
+    assert shipped == installed["site"] / "yolo3" / "model_data" / "yolo_anchors.txt"
+    overview = _run([yolo3, "--help"], cwd=work, env=env)
+    from yolo3.commands import COMMANDS  # noqa: PLC0415
+
+    assert all(f"  {name} " in overview for name in COMMANDS)

@@ -116,7 +116,7 @@ def test_training_into_a_file_writes_plain_lines_within_a_bound_per_step(record_
 
 
 def test_quiet_turns_progress_off_and_tools_count_in_lines_off_a_terminal():
-    import train  # noqa: PLC0415
+    from yolo3.commands import train  # noqa: PLC0415
 
     args = ["--records", "r", "--quiet", "--progress", "lines"]
     assert train.config_from_args(train.build_parser().parse_args(args)).progress == "off"

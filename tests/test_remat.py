@@ -13,8 +13,8 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, random_boxes, tiny_model
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-import train
 from yolo3 import training
+from yolo3.commands import train
 from yolo3.model import build_model
 from yolo3.remat import RematForward, split_into_segments
 from yolo3.trainer import YoloTrainer

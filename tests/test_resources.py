@@ -69,5 +69,5 @@ def test_darknet_weights_given_to_the_keras_loader(tmp_path):
 
     path = tmp_path / "yolov3.weights"
     path.write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match="not a Keras weights file.*tools/convert.py"):
+    with pytest.raises(ValueError, match="not a Keras weights file.*yolo3 convert"):
         load_weights(build_model("tiny", 2), str(path))

@@ -438,5 +438,5 @@ def test_a_tf_config_worker_whose_port_is_taken_says_so():
     assert done.stdout.strip() == (
         f"worker worker:0 could not listen on port {port} (127.0.0.1:{port} in TF_CONFIG): the "
         "port is taken on this machine; give this worker a free port in TF_CONFIG "
-        "(tools/launch.py -n picks free ones)"
+        "(yolo3 launch -n picks free ones)"
     ), done.stdout + done.stderr[-2000:]

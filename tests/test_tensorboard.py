@@ -13,9 +13,9 @@ from record_sets import make_examples, write_record_set
 from tensorboard.backend.event_processing import event_accumulator
 from train_helpers import SIZE, train_args, write_anchors
 
-import train
 from yolo3 import training, validate
 from yolo3.callbacks.evaluation import class_tags
+from yolo3.commands import train
 from yolo3.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
 
 # Class names TensorBoard tags cannot hold as they are; the examples use the first two only.

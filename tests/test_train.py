@@ -8,11 +8,12 @@ import pytest
 from helpers import SMALL_ANCHORS
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-import train
 from yolo3 import records as yolo_records
 from yolo3 import training
 from yolo3.callbacks import StopOnNonFinite, read_training_state
+from yolo3.commands import train
 from yolo3.model import tiny_yolo_body
+from yolo3.resources import read_anchors
 from yolo3.weights import load_weights, read_metadata, save_weights
 
 
@@ -88,10 +89,9 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         f"best epoch {best['epoch']}: {figures}",
         f"weights: {checkpoints / 'best.weights.h5'} (best), {checkpoints / 'last.weights.h5'} "
         "(last)",
-        f"next: python tools/detect.py --weights {checkpoints / 'best.weights.h5'} --output "
+        f"next: yolo3 detect --weights {checkpoints / 'best.weights.h5'} --output "
         f"{tmp_path / 'detect'} IMAGES_OR_FOLDERS",
-        f"      python tools/evaluate.py --weights {checkpoints / 'best.weights.h5'} --records "
-        f"{records}",
+        f"      yolo3 evaluate --weights {checkpoints / 'best.weights.h5'} --records {records}",
     ]
     assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
     # The template file holds the bare body: it loads into a fresh model with no wrapper
@@ -200,7 +200,7 @@ def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
     assert train.main(train_args(records, tmp_path, anchors, "--freeze-body", "1")) == 2
     assert "--freeze-epochs" in capsys.readouterr().err
     assert train.main(train_args(tmp_path / "nothing", tmp_path, anchors)) == 2
-    assert "tools/preprocess.py" in capsys.readouterr().err
+    assert "yolo3 preprocess" in capsys.readouterr().err
     wrong = write_anchors(tmp_path / "nine.txt", np.tile(SMALL_ANCHORS, (2, 1))[:9])
     assert train.main(train_args(records, tmp_path, wrong, "--model-type", "tiny")) == 2
     assert "--model-type tiny needs 6 anchors" in capsys.readouterr().err
@@ -259,3 +259,11 @@ def test_communication_flags_reject_bad_values(record_set, tmp_path, capsys, fla
     records, anchors = record_set
     assert train.main(train_args(records, tmp_path, anchors, *flags)) == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_run_without_anchors_takes_the_shipped_ones_of_its_model_type():
+    for model, count in ((None, 6), ("tiny", 6), ("yolov3", 9)):
+        config = training.TrainConfig(records="r", log_dir="l", model=model)
+        assert len(read_anchors(training.anchors_file(config))) == count
+    given = training.TrainConfig(records="r", log_dir="l", anchors="mine.txt", model="yolov3")
+    assert training.anchors_file(given) == "mine.txt"

@@ -57,8 +57,8 @@ def main():
     dump_dir, rest = sys.argv[1], sys.argv[2:]
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    import train
     from yolo3 import records, training
+    from yolo3.commands import train
 
     config = train.config_from_args(train.build_parser().parse_args(rest))
     training.configure(config)

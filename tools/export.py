@@ -1,136 +1,14 @@
-"""Export a trained detector for deployment: SavedModel, ONNX or TFLite.
+"""``python tools/export.py`` in a checkout: the same as ``yolo3 export``.
 
-    python tools/export.py --weights run/last.weights.h5 --format onnx --output model.onnx
-    python tools/export.py --weights run/last.weights.h5 --format tflite --output model.tflite \\
-        --quantize int8 --calibration records/
-
-The artifact is a whole detector (see :mod:`yolo3.export`): uint8 images at the input size
-and their original sizes in, boxes in original pixels out, with the score and IoU
-thresholds and the detection cap fixed now and recorded in its metadata. Classes, anchors,
-masks and input size come from the weights file's metadata, or from the flags. Run any
-artifact with ``tools/detect.py --weights PATH`` (``tools/evaluate.py --weights PATH`` scores
-it) or :func:`yolo3.runtime.load_detector`.
-Exit status 0 on success, 2 on bad flags or inputs.
+The tool itself is yolo3/commands/export.py.
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from yolo3.cli import start_tensorflow  # noqa: E402
 
-start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
-
-from yolo3.cli import (  # noqa: E402
-    ArgumentParser,
-    add_detector_arguments,
-    add_model_type_argument,
-    check_output_path,
-    run_main,
-    weights_settings,
-)
-
-FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
-
-
-def build_parser():
-    from yolo3.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
-
-    parser = ArgumentParser(description="Export weights as a SavedModel, ONNX or TFLite detector.")
-    parser.add_argument("--weights", required=True, help="a .weights.h5 file")
-    parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument(
-        "--output", required=True, help="a folder (saved_model), or a .onnx / .tflite file"
-    )
-    parser.add_argument("--classes", help="classes file (default: the weights' metadata)")
-    parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
-    add_model_type_argument(
-        parser, help="default: the weights' metadata, else from the anchor count"
-    )
-    parser.add_argument(
-        "--input-size", type=int, help="a multiple of 32 (default: the weights' metadata)"
-    )
-    add_detector_arguments(parser)
-    parser.add_argument("--score", type=float, default=0.3, help="score threshold")
-    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    parser.add_argument("--max-detections", type=int, default=100, help="per image")
-    parser.add_argument(
-        "--raw", action="store_true", help="export the bare heads (no decoding, no NMS)"
-    )
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="TFLite only")
-    parser.add_argument(
-        "--calibration",
-        help="record set whose validation split calibrates --quantize int8 (tools/preprocess.py)",
-    )
-    parser.add_argument(
-        "--calibration-images", type=int, default=200, help="images drawn for calibration"
-    )
-    return parser
-
-
-def _check_args(parser, args):
-    if args.quantize and args.format != "tflite":
-        parser.error(f"--quantize is for --format tflite, not {args.format}")
-    if args.quantize == "int8" and not args.calibration:
-        parser.error("--quantize int8 needs --calibration RECORDS (a record set folder)")
-    if args.calibration and args.quantize != "int8":
-        parser.error("--calibration is only used with --quantize int8")
-    suffix = FORMAT_SUFFIX.get(args.format)
-    if suffix and not args.output.endswith(suffix):
-        parser.error(f"--output {args.output}: a {args.format} file must end with {suffix}")
-    try:
-        check_output_path(args.output, folder=suffix is None)
-    except ValueError as err:
-        parser.error(f"--output {err}")
-    if args.input_size is not None and (args.input_size < 32 or args.input_size % 32):
-        parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
-    if not 0.0 <= args.score <= 1.0 or not 0.0 <= args.iou <= 1.0:
-        parser.error("--score and --iou must lie in [0, 1]")
-    if args.max_detections < 1 or args.calibration_images < 1:
-        parser.error("--max-detections and --calibration-images must be at least 1")
-
-
-def _export(args):
-    from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
-    from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
-
-    spec = spec_for_weights(
-        args.weights,
-        **weights_settings(args),
-        score_threshold=args.score,
-        iou_threshold=args.iou,
-        max_detections=args.max_detections,
-    )
-    images = None
-    if args.quantize == "int8":
-        images = calibration_images(args.calibration, spec.input_hw, args.calibration_images)
-    model = load_keras_model(args.weights, spec)
-    start = time.perf_counter()
-    metadata = export_detector(
-        model,
-        spec,
-        args.output,
-        engine=args.format,
-        raw=args.raw,
-        quantize=args.quantize,
-        calibration_images=images,
-    )
-    print(
-        f"wrote {args.output} ({args.format}, outputs: {metadata['outputs']}"
-        f"{', ' + args.quantize if args.quantize else ''}) in {time.perf_counter() - start:.1f} s"
-    )
-    if metadata["outputs"] == "candidates":
-        print(
-            "TFLite's builtin operators hold no class-wise NMS: the file ends with every "
-            "candidate box, and yolo3.runtime applies the NMS"
-        )
-    return 0
-
-
-def main(argv=None):
-    return run_main(build_parser(), argv, _export, check=_check_args)
-
+from yolo3.commands import run_command  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("export"))

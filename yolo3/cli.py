@@ -1,4 +1,4 @@
-"""The skeleton every command-line entry point shares (``train.py``, ``tools/*.py``).
+"""The skeleton every command-line entry point shares (the ``yolo3`` commands, yolo3/commands/).
 
 ``main(argv=None) -> int`` of each tool is ``run_main(build_parser(), argv, body)``: argument
 errors end with argparse's own message and status, a known failure with one line,
@@ -169,7 +169,7 @@ def detector_engine(path):
 
 # The flags that describe the detector a weights file holds, as argparse names them, and the
 # keyword of yolo3.detector_spec.spec_for_weights (and load_detector) each one feeds. An
-# exported artifact fixes all of them: tools/detect.py and tools/evaluate.py refuse them there.
+# exported artifact fixes all of them: yolo3 detect and yolo3 evaluate refuse them there.
 WEIGHTS_FLAGS = {
     "classes": "classes_path",
     "anchors": "anchors_path",

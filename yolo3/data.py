@@ -3,7 +3,7 @@
 Everything per image runs in TensorFlow ops inside ``tf.data`` (parse, decode, flip, pad,
 batch, target building), so no Python runs per image and the pipeline scales with
 ``num_parallel_calls``. The expensive augmentation (scale, crop, colour) happened offline
-in ``tools/preprocess.py``; only the horizontal flip, which costs nothing, is done here.
+in ``yolo3 preprocess``; only the horizontal flip, which costs nothing, is done here.
 
 Elements of :func:`make_dataset` and :func:`synthetic_dataset`:
     ``(images, targets)``, or ``(images, targets, boxes)`` with ``with_boxes=True``, or
@@ -136,7 +136,7 @@ def make_dataset(
 
     Args:
         record_set: a :class:`yolo3.records.RecordSet`, or the folder written by
-            ``tools/preprocess.py`` (local or ``gs://`` etc.).
+            ``yolo3 preprocess`` (local or ``gs://`` etc.).
         split: ``"train"`` or ``"val"``.
         batch_size: images per element. With ``input_context`` this is the per-replica
             batch size; computing it from the global one is the caller's business.

@@ -36,7 +36,7 @@ class Detector:
         weights_path: ``.weights.h5`` file written by :func:`yolo3.weights.save_weights`
             (or any file :func:`yolo3.weights.load_weights` reads).
         anchors_path: anchors file, 9 pairs (YOLOv3) or 6 (tiny), in input pixels; default:
-            what the weights file records (train.py's checkpoints record theirs).
+            what the weights file records (yolo3 train's checkpoints record theirs).
         classes_path: one class name per line, in the order the weights were trained with;
             default: what the weights file records.
         model_type: ``"yolov3"`` or ``"tiny"``; default: what the file records, else from

@@ -506,7 +506,7 @@ def _server_failure(kind, resolver, port_base):
     return (
         f"worker {resolver.task_type}:{resolver.task_id} could not listen on port {port} "
         f"({address} in TF_CONFIG): the port is taken on this machine; give this worker a "
-        "free port in TF_CONFIG (tools/launch.py -n picks free ones)"
+        "free port in TF_CONFIG (yolo3 launch -n picks free ones)"
     )
 
 

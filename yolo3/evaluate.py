@@ -419,7 +419,7 @@ def coco_category_ids(categories, class_names):
     """The COCO category id of each class, index = class id.
 
     With as many classes as categories, class ``i`` is the ``i``-th category in order of id,
-    the order ``tools/coco_annotation.py`` numbers classes in and Darknet's COCO mapping
+    the order ``yolo3 coco-annotation`` numbers classes in and Darknet's COCO mapping
     (80 contiguous classes onto ids 1..90). Otherwise classes are matched by name.
     """
     ordered = sorted(categories, key=lambda category: category["id"])

@@ -411,7 +411,7 @@ def read_artifact_metadata(path, engine=None, *, loaded=None):
         text = _tflite_metadata(path)
     if text is None:
         raise ValueError(
-            f"{path} has no {METADATA_KEY} metadata: it was not written by tools/export.py"
+            f"{path} has no {METADATA_KEY} metadata: it was not written by yolo3 export"
         )
     return json.loads(text)
 

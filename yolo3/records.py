@@ -1,4 +1,4 @@
-"""The packed record format written by ``tools/preprocess.py`` and read by :mod:`yolo3.data`.
+"""The packed record format written by ``yolo3 preprocess`` and read by :mod:`yolo3.data`.
 
 A record set is a folder::
 
@@ -232,7 +232,7 @@ def read_manifest(records_dir):
     if not fileio.exists(path):
         raise FileNotFoundError(
             f"{path} does not exist: {records_dir} is not a complete record set. Create one "
-            "with tools/preprocess.py, or rerun the same command to finish an interrupted run."
+            "with yolo3 preprocess, or rerun the same command to finish an interrupted run."
         )
     with fileio.open_file(path, "r") as f:
         try:

@@ -5,7 +5,33 @@ for YOLOv3 or 6 for tiny-YOLOv3, smallest first as Darknet lists them.
 Classes file: one class name per line; blank lines are ignored.
 """
 
+from pathlib import Path
+
 import numpy as np
+
+# The anchors and class-name files the project ships: model_data/ at the top of a checkout,
+# installed inside the package as yolo3/model_data (setup.py), so that the tools' defaults
+# resolve wherever they run from.
+_PACKAGE = Path(__file__).resolve().parent
+MODEL_DATA_FOLDERS = (_PACKAGE / "model_data", _PACKAGE.parent / "model_data")
+
+
+def model_data_file(name):
+    """The path of a shipped anchors or classes file, e.g. ``"yolo_anchors.txt"``."""
+    for folder in MODEL_DATA_FOLDERS:
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise FileNotFoundError(f"{name} is not in {' or '.join(map(str, MODEL_DATA_FOLDERS))}")
+
+
+# Darknet's COCO anchors of each model type, shipped in model_data/.
+SHIPPED_ANCHORS = {"yolov3": "yolo_anchors.txt", "tiny": "tiny_yolo_anchors.txt"}
+
+
+def shipped_anchors(model_type):
+    """The path of Darknet's COCO anchors for ``"yolov3"`` or ``"tiny"``."""
+    return model_data_file(SHIPPED_ANCHORS[model_type])
+
 
 # The input size of Darknet's COCO weights and of the original keras-yolo3: what the tools use
 # for a weights file that records none (a Darknet conversion without a fixed size).

@@ -47,7 +47,7 @@ NOT_COMPARED = frozenset(
 
 
 def flag_of(field):
-    """The train.py flag of a :class:`~yolo3.training.TrainConfig` field."""
+    """The yolo3 train flag of a :class:`~yolo3.training.TrainConfig` field."""
     return "--model-type" if field == "model" else "--" + field.replace("_", "-")
 
 

@@ -1,4 +1,4 @@
-"""The training job behind ``train.py``: configuration, strategy, data, model, callbacks, fit.
+"""The training job behind ``yolo3 train``: configuration, strategy, data, model, callbacks, fit.
 
 One code path for every layout: a CPU, one GPU, ``--gpus N`` (MirroredStrategy),
 ``--cpu-replicas N`` (the same multi-device path on logical CPUs) and several machines
@@ -40,7 +40,12 @@ from yolo3.model import MODEL_TYPES, build_model
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
 from yolo3.progress import resolve as resolve_progress
 from yolo3.remat import REMAT_CHOICES
-from yolo3.resources import default_anchor_masks, model_type_for_anchors, read_anchors
+from yolo3.resources import (
+    default_anchor_masks,
+    model_type_for_anchors,
+    read_anchors,
+    shipped_anchors,
+)
 from yolo3.trainer import (
     OPTIMIZERS,
     WarmupSchedule,
@@ -54,6 +59,11 @@ from yolo3.weights import check_model_type, load_weights, read_metadata
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
 
+def anchors_file(config):
+    """The run's anchors file: ``config.anchors``, else the shipped one of its model type."""
+    return config.anchors or shipped_anchors(config.model or "tiny")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
@@ -61,7 +71,7 @@ class TrainConfig:
     records: str
     log_dir: str
     val_records: str | None = None
-    anchors: str = "model_data/tiny_yolo_anchors.txt"
+    anchors: str | None = None  # None: the shipped anchors of ``model`` (tiny when None)
     model: str | None = None  # from the anchor count when None
     weights: str | None = None
     freeze_body: int = 0
@@ -387,12 +397,12 @@ def run(config, *, log=print):
     classes = record_set.classes
     num_classes = len(classes)
     input_hw = record_set.input_hw
-    anchors = read_anchors(config.anchors)
+    anchors = read_anchors(anchors_file(config))
     model_type = config.model or model_type_for_anchors(len(anchors))
     if model_type != model_type_for_anchors(len(anchors)):
         raise ValueError(
             f"--model-type {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
-            f"{config.anchors} has {len(anchors)}"
+            f"{anchors_file(config)} has {len(anchors)}"
         )
     if config.weights:
         check_model_type(model_type, config.weights)  # before any model is built
@@ -650,13 +660,9 @@ def _summary(config, checkpoint_dir):
     else:
         lines.append(f"weights: {last}")
     output = os.path.join(config.log_dir, "detect")
-    lines.append(
-        f"next: python tools/detect.py --weights {chosen} --output {output} IMAGES_OR_FOLDERS"
-    )
+    lines.append(f"next: yolo3 detect --weights {chosen} --output {output} IMAGES_OR_FOLDERS")
     if validated:
-        lines.append(
-            f"      python tools/evaluate.py --weights {chosen} --records {config.records}"
-        )
+        lines.append(f"      yolo3 evaluate --weights {chosen} --records {config.records}")
     return lines
 
 
@@ -793,7 +799,7 @@ def test_io(config, *, seconds, log=print):
     pipeline alone is not well above it, training is input-bound.
     """
     record_set = records.open_record_set(config.records)
-    anchors = read_anchors(config.anchors)
+    anchors = read_anchors(anchors_file(config))
     dataset = _train_records(config, record_set, anchors, len(record_set.classes))
     figures = yolo_data.measure_throughput(dataset, seconds=seconds)
     log(

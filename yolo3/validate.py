@@ -2,7 +2,7 @@
 
 Sources of ground truth:
 
-- a record set (``tools/preprocess.py`` output): its validation split, already letterboxed
+- a record set (``yolo3 preprocess`` output): its validation split, already letterboxed
   to the training size; boxes and detections are in that frame;
 - an annotation file (keras-yolo3 lines): the original images at their own sizes; the
   detector letterboxes them and maps its boxes back to original pixels.

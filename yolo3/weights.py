@@ -67,7 +67,7 @@ def _open_h5(path):
     except OSError:
         raise ValueError(
             f"{path} is not a Keras weights file (HDF5); convert Darknet .weights files with "
-            "tools/convert.py first"
+            "yolo3 convert first"
         ) from None
 
 

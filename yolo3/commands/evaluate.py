@@ -1,0 +1,372 @@
+"""Measure a model's mAP (VOC and COCO) on a record set or an annotation file.
+
+    yolo3 evaluate --weights logs/run/checkpoints/best.weights.h5 --records rec
+    yolo3 evaluate --weights logs/run/checkpoints/last.weights.h5 --annotations val.txt
+    yolo3 evaluate --weights yolov3.weights.h5 --annotations val.txt \\
+        --classes model_data/coco_classes.txt
+    yolo3 evaluate --weights yolov3.weights.h5 \\
+        --coco-json annotations/instances_val2017.json --images val2017
+    yolo3 evaluate --weights model-int8.tflite --records rec
+    CUDA_VISIBLE_DEVICES=3 yolo3 evaluate --watch logs/run
+
+``--weights`` takes a weights file (``.weights.h5``, or an original keras-yolo3 ``.h5``) or a
+SavedModel folder, ONNX or TFLite file written by ``yolo3 export``, told apart by what the
+path holds. The weights file's own metadata (model type, classes, anchors, masks, input
+size, as yolo3 train and yolo3 convert record them) is used for every flag not given; a record set
+fixes the classes and the input size it was made for. A file that records no input size is
+run at 416 px, said on stderr. An exported file fixes all of these and its thresholds: it
+takes ``--records`` or ``--annotations``, and refuses the flags that set what it fixes.
+
+Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
+curve per class (``pr/``) and ``gallery.png`` (found true boxes green, missed ones dashed
+magenta, detections in class colours, false positives dashed; a legend below) to
+``--output``.
+
+``--coco-json`` scores the way published COCO figures are scored: detections on the
+original images, with the file's image and category ids, by pycocotools against the
+unmodified annotation file (crowd regions ignored, segmentation areas for small, medium and
+large). It writes ``metrics.json`` and ``coco_results.json``, a results file the COCO
+evaluation server accepts (rename it as the server asks, ``detections_<set>_<name>_results.json``).
+
+``--watch LOG_DIR`` follows a training run: each time ``checkpoints/last.weights.h5``
+holds a new epoch it is evaluated on the run's validation records, the figures go to
+TensorBoard under ``LOG_DIR/eval``, the best weights by mAP are kept as
+``checkpoints/best_map.weights.h5``, and the watcher stops after the run's last epoch.
+Run it as a separate process on a device of its own (``CUDA_VISIBLE_DEVICES``).
+
+Exit status: 0 on success, 2 on bad usage or input.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+from yolo3.cli import start_tensorflow
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
+
+from yolo3 import fileio, records, validate
+from yolo3.cli import (
+    ArgumentParser,
+    add_detector_arguments,
+    add_model_type_argument,
+    add_progress_arguments,
+    detector_engine,
+    output_folder,
+    progress_setting,
+    refuse_fixed_flags,
+    run_main,
+    weights_settings,
+)
+from yolo3.detector_spec import load_keras_model, spec_for_weights
+from yolo3.fileio import atomic_write
+from yolo3.progress import counter
+from yolo3.resources import DARKNET_INPUT_SIZE
+from yolo3.runtime import load_detector
+from yolo3.weights import read_metadata
+
+
+def build_parser():
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--weights",
+        help="the detector to score: a .weights.h5 (or keras-yolo3 .h5) file, or a "
+        "SavedModel folder, .onnx or .tflite file from yolo3 export (export it with "
+        "--score 0.01 for figures comparable with its weights file)",
+    )
+    # --model: the spelling of earlier releases for an exported file, kept working for a
+    # release, out of --help.
+    weights.add_argument("--model", dest="weights", help=argparse.SUPPRESS)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--records", help="record set; its --split is evaluated")
+    source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
+    source.add_argument("--coco-json", help="COCO annotation file, scored as published figures are")
+    parser.add_argument("--images", help="--coco-json: the folder of its images")
+    parser.add_argument("--split", default="val", help="record-set split (default: val)")
+    parser.add_argument(
+        "--classes",
+        help="classes file (default: the weights' metadata; a record set has its own)",
+    )
+    parser.add_argument("--anchors", help="anchors file (default: the weights' metadata)")
+    add_model_type_argument(
+        parser, help="default: the weights' metadata, else from the anchor count"
+    )
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        help="network input for annotation files and --coco-json (default: the weights' "
+        f"metadata, else {DARKNET_INPUT_SIZE}; a record set has its own)",
+    )
+    add_detector_arguments(parser)
+    parser.add_argument("--image-root", help="folder relative image paths start from")
+    parser.add_argument(
+        "--output", type=output_folder, help="report folder (default: beside the weights)"
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--limit", type=int, help="evaluate only the first N images")
+    parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
+    parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
+    add_progress_arguments(parser)
+    parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
+    parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=3600.0,
+        help="--watch: give up after this long without a new checkpoint",
+    )
+    return parser
+
+
+def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None, log=print):
+    """The :class:`yolo3.detector_spec.DetectorSpec` that ``weights`` are scored with: each
+    flag when given, else what the source fixes (``class_names``, ``input_size``: a record
+    set's), else the weights' metadata, else 416 px (said through ``log``)."""
+    settings = weights_settings(args)
+    settings.update(
+        classes_path=None if class_names is not None else args.classes,
+        anchors_path=args.anchors or anchors_path,
+        input_size=input_size or args.input_size,
+    )
+    return spec_for_weights(
+        weights,
+        **settings,
+        class_names=class_names,
+        fallbacks={"input_size": DARKNET_INPUT_SIZE},
+        log=lambda line: log(f"note: {line}"),
+    )
+
+
+def _source_spec(args, weights, source, anchors_path=None, log=print):
+    """:func:`_spec` for a record set (its classes and input size) or an annotation file."""
+    if isinstance(source, records.RecordSet):
+        return _spec(
+            args, weights, class_names=source.classes, anchors_path=anchors_path,
+            input_size=source.input_hw, log=log,
+        )  # fmt: skip
+    return _spec(args, weights, anchors_path=anchors_path, log=log)
+
+
+def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
+    spec = _source_spec(args, weights, source, anchors_path, log)
+    log(
+        f"{spec.model_type} {spec.input_hw[0]}x{spec.input_hw[1]}, "
+        f"{spec.num_classes} classes: {weights}"
+    )
+    with _detecting(args, source) as bar:
+        evaluation = validate.evaluate_model(
+            load_keras_model(weights, spec),
+            source,
+            anchors=spec.anchor_array,
+            anchor_masks=spec.anchor_masks,
+            resampling=spec.resampling,
+            class_names=list(spec.class_names),
+            **_evaluation_options(args, bar),
+        )
+    return _report(args, evaluation, output, log)
+
+
+def _evaluation_options(args, bar):
+    """The keyword arguments of :func:`yolo3.validate.evaluate_detector` the flags set;
+    ``bar`` (from :func:`_detecting`) counts the images done."""
+    return {
+        "split": args.split,
+        "batch_size": args.batch_size,
+        "coco": not args.no_coco,
+        "gallery_size": args.gallery,
+        "limit": args.limit,
+        "image_root": args.image_root,
+        "progress": _advance(bar),
+    }
+
+
+def _detecting(args, source):
+    """The progress display of detecting on ``source`` (a bar, plain lines or nothing)."""
+    total = None
+    if isinstance(source, records.RecordSet) and source.has_split(args.split):
+        total = source.num_records(args.split)
+    if args.limit:
+        total = min(total, args.limit) if total else None
+    return counter(total, what="evaluate", unit="images", progress=progress_setting(args))
+
+
+def _advance(bar):
+    """A ``progress(done)`` callable (images done so far) that moves ``bar`` along."""
+    done = 0
+
+    def advance(count):
+        nonlocal done
+        bar.update(count - done)
+        done = count
+
+    return advance
+
+
+def _report(args, evaluation, output, log):
+    table = validate.write_report(evaluation, output, gallery=args.gallery > 0)
+    log(table)
+    if evaluation.coco:
+        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+        log("COCO " + "  ".join(f"{n} {_figure(evaluation.coco.get(n))}" for n in names))
+    for message in evaluation.skipped:
+        log(f"skipped: {message}")
+    log(f"{evaluation.num_images} images; report in {output}")
+    return evaluation
+
+
+def _figure(value):
+    return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN: no such boxes
+
+
+def exported(args, engine, log=print):
+    """Scores an exported ``engine`` artifact (``--weights``) on a record set or an
+    annotation file."""
+    if args.coco_json:
+        raise ValueError(
+            f"--coco-json scores a weights file; {args.weights} is an exported {engine} model "
+            f"(score it with --records or --annotations)"
+        )
+    refuse_fixed_flags(args, args.weights, engine)
+    detector = load_detector(args.weights)
+    if detector.spec.score_threshold > validate.MAP_SCORE_THRESHOLD:
+        log(
+            f"note: {args.weights} drops detections scoring below "
+            f"{detector.spec.score_threshold}, which lowers mAP; export with --score "
+            f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with its weights file"
+        )
+    source = records.open_record_set(args.records) if args.records else args.annotations
+    with _detecting(args, source) as bar:
+        evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args, bar))
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    _report(args, evaluation, output, log)
+    return 0
+
+
+def single(args):
+    if not args.weights or not (args.records or args.annotations or args.coco_json):
+        raise ValueError(
+            "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
+        )
+    engine = detector_engine(args.weights)
+    if engine != "keras":
+        return exported(args, engine)
+    if args.coco_json:
+        return coco_json(args)
+    # A record set's manifest is read here once and handed on.
+    source = records.open_record_set(args.records) if args.records else args.annotations
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    evaluate_once(args, args.weights, source, output)
+    return 0
+
+
+def coco_json(args, log=print):
+    """``--coco-json``: detection on the original images, scored by pycocotools."""
+    from yolo3 import evaluate  # noqa: PLC0415
+
+    if not args.images:
+        raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
+    data = validate.read_coco_file(args.coco_json)  # read once, handed on
+    class_names = None  # --classes, read by _spec
+    if not args.classes:  # the file's categories in order of id, as coco_annotation.py numbers
+        class_names = [c["name"] for c in sorted(data["categories"], key=lambda c: c["id"])]
+    spec = _spec(args, args.weights, class_names=class_names, log=log)
+    model = load_keras_model(args.weights, spec)
+    total = min(len(data.get("images", ())), args.limit or len(data.get("images", ())))
+    with counter(total, what="evaluate", unit="images", progress=progress_setting(args)) as bar:
+        results, metrics, num_images = validate.evaluate_coco_json(
+            model,
+            args.coco_json,
+            args.images,
+            anchors=spec.anchor_array,
+            class_names=list(spec.class_names),
+            anchor_masks=spec.anchor_masks,
+            resampling=spec.resampling,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            data=data,
+            progress=_advance(bar),
+        )
+    output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    os.makedirs(output, exist_ok=True)
+    fileio.write_json(os.path.join(output, "coco_results.json"), results, indent=None)
+    summary = {
+        "annotation_file": os.path.abspath(args.coco_json),
+        "num_images": num_images,
+        "num_detections": len(results),
+        "coco": metrics,
+    }
+    fileio.write_json(os.path.join(output, "metrics.json"), validate.json_safe(summary))
+    if metrics is None:
+        log(f"{args.coco_json} has no annotations: detections written, not scored")
+    else:
+        names = evaluate.COCO_METRICS[:6]
+        log("COCO " + "  ".join(f"{name} {_figure(metrics[name])}" for name in names))
+        for note in metrics["notes"]:
+            log(f"note: {note}")
+    log(f"{num_images} images, {len(results)} detections; results in {output}")
+    return 0
+
+
+def watch(args, log=print):
+    """Evaluates every new epoch of a run until its last one (see the module docstring)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from yolo3.training import read_config  # noqa: PLC0415
+
+    log_dir = args.watch
+    config = read_config(os.path.join(log_dir, "config.json"))
+    checkpoint = os.path.join(log_dir, "checkpoints", "last.weights.h5")
+    source = records.open_record_set(config.val_records or config.records)
+    writer = tf.summary.create_file_writer(os.path.join(log_dir, "eval"))
+    best, last_epoch, last_change = -1.0, 0, time.monotonic()
+    while True:
+        epoch = _checkpoint_epoch(checkpoint)
+        if epoch > last_epoch:
+            # Copy first: training may replace the file while it is being read.
+            snapshot = os.path.join(log_dir, "eval", f"epoch-{epoch:04d}.weights.h5")
+            os.makedirs(os.path.dirname(snapshot), exist_ok=True)
+            with atomic_write(snapshot) as temp:
+                shutil.copyfile(checkpoint, temp)
+            epoch = read_metadata(snapshot)["epoch"]
+            output = os.path.join(log_dir, "eval", f"epoch-{epoch:04d}")
+            log(f"epoch {epoch}: evaluating {snapshot}")
+            evaluation = evaluate_once(args, snapshot, source, output, config.anchors, log)
+            with writer.as_default(step=epoch):
+                for name, value in evaluation.summary().items():
+                    tf.summary.scalar(name, value)
+            writer.flush()
+            if evaluation.map50 > best:
+                best = evaluation.map50
+                best_path = os.path.join(log_dir, "checkpoints", "best_map.weights.h5")
+                with atomic_write(best_path) as temp:
+                    shutil.copyfile(snapshot, temp)
+                log(f"epoch {epoch}: best mAP@0.5 so far, {best:.4f} -> {best_path}")
+            os.remove(snapshot)
+            last_epoch, last_change = epoch, time.monotonic()
+            if epoch >= config.epochs:
+                log(f"the run's last epoch ({config.epochs}) is evaluated; best mAP {best:.4f}")
+                return 0
+        elif time.monotonic() - last_change > args.idle_timeout:
+            log(f"no new checkpoint in {args.idle_timeout:g} s; stopping at epoch {last_epoch}")
+            return 0
+        time.sleep(args.poll)
+
+
+def _checkpoint_epoch(path):
+    if not os.path.exists(path):
+        return 0
+    try:
+        return int(read_metadata(path).get("epoch", 0))
+    except OSError:  # replaced while being opened; look again next time
+        return 0
+
+
+def main(argv=None):
+    return run_main(build_parser(), argv, lambda args: watch(args) if args.watch else single(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Pre-resize and pre-augment a dataset offline into TFRecord shards that keep GPUs fed.
+
+    yolo3 preprocess --annotations train.txt --classes model_data/voc_classes.txt \\
+        --output records/voc416 --input-size 416 --copies 4 --val-fraction 0.05
+
+Each image yields one clean letterboxed copy and ``--copies`` augmented ones (the original
+keras-yolo3 augmentation: aspect jitter, scale, placement on gray, flip, HSV). The
+validation split is written clean only. Bad lines, boxes and images are skipped, counted in
+``manifest.json`` and listed in ``rejects.txt``; ``--strict`` makes any of them an error.
+
+A killed run is resumed by running the same command again. ``--verify DIR`` checks a
+finished record set. Paths may be local or any filesystem TensorFlow reads (``gs://``).
+
+Exit status: 0 on success, 1 when ``--verify`` finds problems, 2 on bad usage or input.
+"""
+
+import argparse
+import os
+import sys
+
+from yolo3.cli import start_tensorflow
+
+start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
+
+from yolo3 import preprocess
+from yolo3.augment import AugmentConfig
+from yolo3.cli import (
+    ArgumentParser,
+    add_progress_arguments,
+    argument_type,
+    fail,
+    output_folder,
+    progress_setting,
+    run_main,
+)
+from yolo3.resources import parse_size, read_classes
+
+
+def _available_cores():
+    # The cores this process may use (taskset, container cpusets), not all of the machine's.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def build_parser():
+    parser = ArgumentParser(
+        description="Pack annotated images into letterboxed and augmented TFRecord shards."
+    )
+    parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
+    parser.add_argument("--classes", help="classes file, one name per line")
+    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
+    parser.add_argument(
+        "--input-size",
+        type=argument_type(parse_size),
+        default=(416, 416),
+        help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
+    )
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=4,
+        help="augmented copies per training image, besides the clean one",
+    )
+    parser.add_argument(
+        "--image-root",
+        help="folder relative image paths start from (default: each annotation file's folder)",
+    )
+    split = parser.add_argument_group("validation split and class filter")
+    split.add_argument(
+        "--val-annotations",
+        nargs="+",
+        default=(),
+        help="annotation files of a separate validation set",
+    )
+    split.add_argument("--val-fraction", type=float, help="carve this fraction of images out")
+    split.add_argument("--val-per-class", type=int, help="carve N images per class out")
+    split.add_argument(
+        "--min-images-per-class",
+        type=int,
+        default=0,
+        help="drop classes that appear in fewer images than this",
+    )
+    out = parser.add_argument_group("output format")
+    out.add_argument("--format", choices=("jpeg", "raw"), default="jpeg")
+    out.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    out.add_argument("--shard-mb", type=float, default=100.0, help="target shard size in MB")
+    out.add_argument("--num-shards", type=int, help="training shards (overrides --shard-mb)")
+    aug = parser.add_argument_group("augmentation (defaults: the original keras-yolo3)")
+    defaults = AugmentConfig()
+    aug.add_argument("--jitter", type=float, default=defaults.jitter)
+    aug.add_argument("--scale", type=float, nargs=2, default=defaults.scale, metavar=("MIN", "MAX"))
+    aug.add_argument("--flip", type=float, default=defaults.flip, help="flip probability")
+    aug.add_argument("--hue", type=float, default=defaults.hue)
+    aug.add_argument("--saturation", type=float, default=defaults.saturation)
+    aug.add_argument("--value", type=float, default=defaults.value)
+    run = parser.add_argument_group("running")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=_available_cores(),
+        help="worker processes (default: all cores); the output does not depend on it",
+    )
+    run.add_argument("--strict", action="store_true", help="any rejected input is an error")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the record set in --output (its files only) first, whatever its settings",
+    )
+    add_progress_arguments(run)
+    # --no-progress: the spelling of earlier releases (--quiet), kept working for a release,
+    # out of --help.
+    run.add_argument("--no-progress", action="store_true", dest="quiet", help=argparse.SUPPRESS)
+    run.add_argument("--verify", metavar="DIR", help="check a record set and exit")
+    return parser
+
+
+def _verify(directory):
+    from yolo3 import records  # noqa: PLC0415 - imports TensorFlow
+
+    problems, counts = records.verify(directory)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    status = "OK" if not problems else f"{len(problems)} problems"
+    print(
+        f"{directory}: {counts['shards']} shards, {counts['records']} records, "
+        f"{counts['boxes']} boxes: {status}"
+    )
+    return 0 if not problems else 1
+
+
+def _summary(manifest, output):
+    lines = [
+        f"record set {output}: {manifest['input_size'][0]}x{manifest['input_size'][1]}, "
+        f"{manifest['image_format']}, {len(manifest['classes'])} classes"
+    ]
+    for split, info in manifest["splits"].items():
+        lines.append(
+            f"  {split}: {info['images']} images -> {info['records']} records, "
+            f"{info['boxes']} boxes, {len(info['shards'])} shards"
+        )
+    counts = {k: v for k, v in manifest["counts"].items() if v}
+    if counts:
+        lines.append("  counts: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    if manifest["rejects"]:
+        rejected = ", ".join(f"{k}={v}" for k, v in manifest["rejects"].items())
+        lines.append(f"  rejected: {rejected} (listed in {output}/rejects.txt)")
+    return "\n".join(lines)
+
+
+def _preprocess(args, parser):
+    if args.verify:
+        return _verify(args.verify)
+    missing = [flag for flag in ("annotations", "classes", "output") if not getattr(args, flag)]
+    if missing:
+        parser.print_usage(sys.stderr)
+        return fail(f"--{', --'.join(missing)} required (or --verify DIR)")
+    augment = AugmentConfig(
+        jitter=args.jitter,
+        scale=tuple(args.scale),
+        flip=args.flip,
+        hue=args.hue,
+        saturation=args.saturation,
+        value=args.value,
+    )
+    config = preprocess.PreprocessConfig(
+        annotations=tuple(args.annotations),
+        classes=tuple(read_classes(args.classes)),
+        output=args.output,
+        input_size=args.input_size,
+        copies=args.copies,
+        val_annotations=tuple(args.val_annotations),
+        val_fraction=args.val_fraction,
+        val_per_class=args.val_per_class,
+        min_images_per_class=args.min_images_per_class,
+        image_format=args.format,
+        quality=args.quality,
+        seed=args.seed,
+        shard_mb=args.shard_mb,
+        num_shards=args.num_shards,
+        image_root=args.image_root,
+        augment=augment,
+    )
+    manifest = preprocess.run(
+        config,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        strict=args.strict,
+        progress=progress_setting(args),
+    )
+    print(_summary(manifest, args.output))
+    return 0
+
+
+def main(argv=None):
+    parser = build_parser()
+    return run_main(parser, argv, lambda args: _preprocess(args, parser))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
