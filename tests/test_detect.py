@@ -18,6 +18,7 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
+from yolo3.cli import use_device
 from yolo3.detect import Detector, draw_detections
 from yolo3.image import load_rgb
 from yolo3.model import build_model
@@ -477,6 +478,27 @@ def test_cli_takes_what_the_weights_file_records(described_weights, tmp_path, ca
     assert detect_cli.main([*args, "--input-size", "96"]) == 0
     report = json.loads((output / "detections.json").read_text())
     assert report["input_size"] == [96, 96] and len(report["images"][0]["boxes"]) == 9
+
+
+def test_cli_device_flag_runs_on_the_cpu_and_refuses_a_gpu_it_cannot_see(
+    described_weights, tmp_path, capsys
+):
+    Image.new("RGB", (128, 96), (10, 20, 30)).save(tmp_path / "a.png")
+    output = tmp_path / "out"
+    args = [str(tmp_path / "a.png"), "--weights", described_weights, "--output", str(output)]
+    assert detect_cli.main([*args, "--device", "cpu"]) == 0
+    [record] = json.loads((output / "detections.json").read_text())["images"]
+    np.testing.assert_allclose(sorted_rows(record["boxes"]), EXPECTED_LANDSCAPE, atol=1e-3)
+    capsys.readouterr()
+    # This machine's TensorFlow sees no GPU: one line naming the flag, exit 2, nothing written.
+    assert detect_cli.main([*args, "--device", "gpu:1", "--output", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --device gpu:1: TensorFlow sees 0 GPU(s)") and "\n" not in err
+    assert not (tmp_path / "g").exists()
+    assert detect_cli.main([*args, "--device", "tpu"]) == 2
+    assert "argument --device: 'tpu': use cpu, gpu" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--device gpu: onnx models run on the CPU here"):
+        use_device("gpu", "onnx")
 
 
 def test_detector_takes_what_the_weights_file_records(described_weights):

@@ -130,7 +130,8 @@ output_file = argument_type(_output_file)
 
 def add_detector_arguments(parser):
     """The options of the tools that run a detector on weights from any source:
-    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.detect.Detector`)."""
+    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.detect.Detector`), and
+    ``--device``."""
     from yolo3.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
     from yolo3.resources import parse_anchor_masks  # noqa: PLC0415
 
@@ -146,6 +147,46 @@ def add_detector_arguments(parser):
         help="how images are letterboxed (default: darknet for weights converted from "
         "Darknet, else bicubic as in training)",
     )
+    add_device_argument(parser)
+
+
+def _parse_device(text):
+    kind, colon, index = text.partition(":")
+    if text == "cpu" or (kind == "gpu" and (not colon or index.isdigit())):
+        return text
+    raise ValueError(f"{text!r}: use cpu, gpu (the first GPU) or gpu:N")
+
+
+def add_device_argument(parser):
+    """``--device``: where a tool that runs a detector places it (see :func:`use_device`)."""
+    parser.add_argument(
+        "--device",
+        type=argument_type(_parse_device),
+        help="cpu, gpu (the first GPU) or gpu:N, counted among the GPUs TensorFlow sees; "
+        "ONNX and TFLite models run on the CPU (default: the first GPU when there is one)",
+    )
+
+
+def use_device(device, engine="keras"):
+    """Makes ``--device`` the one device TensorFlow runs on (before any model is built):
+    ValueError naming the flag where it cannot be honoured."""
+    if device is None:
+        return
+    if engine in ("onnx", "tflite") and device != "cpu":
+        raise ValueError(f"--device {device}: {engine} models run on the CPU here; give cpu")
+    import tensorflow as tf  # noqa: PLC0415 - the skeleton itself stays light
+
+    gpus = tf.config.list_physical_devices("GPU")
+    chosen = []
+    if device != "cpu":
+        index = int(device.partition(":")[2] or 0)
+        if index >= len(gpus):
+            raise ValueError(
+                f"--device {device}: TensorFlow sees {len(gpus)} GPU(s) (check "
+                "CUDA_VISIBLE_DEVICES and the CUDA install), or give --device cpu"
+            )
+        chosen = [gpus[index]]
+    tf.config.set_visible_devices(chosen, "GPU")
 
 
 def add_model_type_argument(parser, *, default=None, help="default: from the anchor count"):

@@ -40,6 +40,7 @@ from yolo3.cli import (
     output_folder,
     refuse_fixed_flags,
     run_main,
+    use_device,
     weights_settings,
 )
 from yolo3.detect import draw_detections
@@ -269,6 +270,7 @@ def open_detector(args):
     than its own too)."""
     source = args.weights
     engine = detector_engine(source)
+    use_device(args.device, engine)
     if engine != "keras":
         refuse_fixed_flags(args, source, engine)
         return load_detector(

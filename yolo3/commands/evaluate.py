@@ -7,7 +7,7 @@
     yolo3 evaluate --weights yolov3.weights.h5 \\
         --coco-json annotations/instances_val2017.json --images val2017
     yolo3 evaluate --weights model-int8.tflite --records rec
-    CUDA_VISIBLE_DEVICES=3 yolo3 evaluate --watch logs/run
+    yolo3 evaluate --watch logs/run --device gpu:3
 
 ``--weights`` takes a weights file (``.weights.h5``, or an original keras-yolo3 ``.h5``) or a
 SavedModel folder, ONNX or TFLite file written by ``yolo3 export``, told apart by what the
@@ -32,7 +32,7 @@ evaluation server accepts (rename it as the server asks, ``detections_<set>_<nam
 holds a new epoch it is evaluated on the run's validation records, the figures go to
 TensorBoard under ``LOG_DIR/eval``, the best weights by mAP are kept as
 ``checkpoints/best_map.weights.h5``, and the watcher stops after the run's last epoch.
-Run it as a separate process on a device of its own (``CUDA_VISIBLE_DEVICES``).
+Run it as a separate process on a device of its own (``--device gpu:N``).
 
 Exit status: 0 on success, 2 on bad usage or input.
 """
@@ -58,6 +58,7 @@ from yolo3.cli import (
     progress_setting,
     refuse_fixed_flags,
     run_main,
+    use_device,
     weights_settings,
 )
 from yolo3.detector_spec import load_keras_model, spec_for_weights
@@ -251,6 +252,7 @@ def single(args):
             "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
         )
     engine = detector_engine(args.weights)
+    use_device(args.device, engine)
     if engine != "keras":
         return exported(args, engine)
     if args.coco_json:
@@ -316,6 +318,7 @@ def watch(args, log=print):
 
     from yolo3.training import read_config  # noqa: PLC0415
 
+    use_device(args.device)
     log_dir = args.watch
     config = read_config(os.path.join(log_dir, "config.json"))
     checkpoint = os.path.join(log_dir, "checkpoints", "last.weights.h5")

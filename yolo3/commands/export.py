@@ -26,6 +26,7 @@ from yolo3.cli import (
     add_model_type_argument,
     check_output_path,
     run_main,
+    use_device,
     weights_settings,
 )
 
@@ -93,6 +94,7 @@ def _export(args):
     from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
     from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
 
+    use_device(args.device)
     spec = spec_for_weights(
         args.weights,
         **weights_settings(args),
