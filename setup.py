@@ -19,7 +19,7 @@ setup(
     # The callbacks live in the repository's top-level callbacks/ folder and install inside
     # the library as yolo3.callbacks, so that the distribution adds one top-level name; the
     # shipped anchors and class names (model_data/) likewise, as data of yolo3.model_data,
-    # where yolo3.resources.model_data_file finds them outside a checkout.
+    # where yolo3.model.resources.model_data_file finds them outside a checkout.
     packages=[*find_packages(include=["yolo3", "yolo3.*"]), "yolo3.callbacks", "yolo3.model_data"],
     package_dir={"yolo3.callbacks": "callbacks", "yolo3.model_data": "model_data"},
     package_data={"yolo3.model_data": ["*.txt"]},
@@ -27,8 +27,8 @@ setup(
     py_modules=[],
     install_requires=[
         "tensorflow>=2.21,<2.22",
-        # yolo3/keras_mwms.py patches Keras's multi-worker path and runs only on the versions
-        # it was checked against (TESTED_KERAS_VERSIONS): install exactly those.
+        # yolo3/distributed/keras_mwms.py patches Keras's multi-worker path and runs only on the
+        # versions it was checked against (TESTED_KERAS_VERSIONS): install exactly those.
         "keras==3.15.1",
         "numpy>=1.26",
         "pillow>=10",

@@ -1,11 +1,12 @@
 """Inference end to end on every engine, against OpenCV's dnn module on the same weights.
 
 For each model (tiny, YOLOv3) the weights are exported once to every artifact of
-:mod:`yolo3.export` and written back in Darknet format (:func:`yolo3.darknet_writer.write_darknet`)
-for ``cv2.dnn.readNetFromDarknet``. Every engine then runs ``detect(images)`` end to end:
-letterbox (PIL bicubic, the same for all), network, decode, letterbox inverse and class-wise
-NMS with the same thresholds. OpenCV's forward pass decodes inside its [yolo] layers; its
-boxes are mapped back and suppressed per class with ``cv2.dnn.NMSBoxesBatched``.
+:mod:`yolo3.inference.export` and written back in Darknet format
+(:func:`yolo3.checkpoint.darknet_writer.write_darknet`) for ``cv2.dnn.readNetFromDarknet``. Every
+engine then runs ``detect(images)`` end to end: letterbox (PIL bicubic, the same for all), network,
+decode, letterbox inverse and class-wise NMS with the same thresholds. OpenCV's forward pass
+decodes inside its [yolo] layers; its boxes are mapped back and suppressed per class with
+``cv2.dnn.NMSBoxesBatched``.
 
 Each (model, engine, threads) runs in its own spawned process, one after the other (a
 process per row at once would not fit YOLOv3 eight times in memory), and times ``calls``
@@ -61,7 +62,7 @@ class DetectConfig:
 
 
 def _images(config, count):
-    from yolo3.synthetic import make_image  # noqa: PLC0415
+    from yolo3.data.synthetic import make_image  # noqa: PLC0415
 
     rng = np.random.default_rng(config.seed)
     return [
@@ -79,9 +80,9 @@ def _untrained_weights(model_type, input_size, path, seed, image):
     """
     import keras  # noqa: PLC0415
 
-    from yolo3 import weights as weights_io  # noqa: PLC0415
-    from yolo3.model import build_model, head_layer_names  # noqa: PLC0415
-    from yolo3.resources import DEFAULT_ANCHOR_MASKS  # noqa: PLC0415
+    from yolo3.checkpoint import weights as weights_io  # noqa: PLC0415
+    from yolo3.model.network import build_model, head_layer_names  # noqa: PLC0415
+    from yolo3.model.resources import DEFAULT_ANCHOR_MASKS  # noqa: PLC0415
 
     keras.utils.set_random_seed(seed)
     model = build_model(model_type, NUM_CLASSES_UNTRAINED, input_size=input_size)
@@ -115,12 +116,12 @@ def prepare(model_type, config, directory, score_threshold, engines):
 
     Returns:
         ``{engine: path}`` (``opencv``: ``(cfg, weights)``), the export seconds per engine,
-        and the :class:`yolo3.export.DetectorSpec` as JSON.
+        and the :class:`yolo3.inference.export.DetectorSpec` as JSON.
     """
-    from yolo3 import darknet_writer  # noqa: PLC0415
-    from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
-    from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
-    from yolo3.image import letterbox_image  # noqa: PLC0415
+    from yolo3.checkpoint import darknet_writer  # noqa: PLC0415
+    from yolo3.data.image import letterbox_image  # noqa: PLC0415
+    from yolo3.inference.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
+    from yolo3.inference.export import calibration_images, export_detector  # noqa: PLC0415
 
     os.makedirs(directory, exist_ok=True)
     weights = config.weights if model_type == "tiny" and config.weights else None
@@ -200,8 +201,8 @@ class OpenCVDetector:
         self.class_names = list(spec.class_names)
 
     def detect(self, images):
-        from yolo3.detect import letterbox_batch  # noqa: PLC0415
-        from yolo3.image import letterbox_geometry, letterbox_image  # noqa: PLC0415
+        from yolo3.data.image import letterbox_geometry, letterbox_image  # noqa: PLC0415
+        from yolo3.inference.detect import letterbox_batch  # noqa: PLC0415
 
         input_h, input_w = self.spec.input_hw
         inputs, sizes = letterbox_batch(images, lambda im: letterbox_image(im, (input_h, input_w)))
@@ -256,8 +257,8 @@ class OpenCVDetector:
 
 def open_detector(engine, path, spec_json, threads):
     """A detector for one engine on ``threads`` cores (None: all)."""
-    from yolo3.detector_spec import DetectorSpec  # noqa: PLC0415
-    from yolo3.runtime import load_detector  # noqa: PLC0415
+    from yolo3.inference.detector_spec import DetectorSpec  # noqa: PLC0415
+    from yolo3.inference.runtime import load_detector  # noqa: PLC0415
 
     threads = threads or os.cpu_count()
     spec = DetectorSpec.from_json(spec_json)
@@ -308,7 +309,7 @@ def measure(engine, path, spec_json, cores, batch_sizes, calls, warmup, images):
 
 def mean_ap(engine, path, spec_json, records):
     """Runs in a spawned process: mAP@0.5 of one engine on ``records``' validation split."""
-    from yolo3.validate import evaluate_detector  # noqa: PLC0415
+    from yolo3.evaluation.validate import evaluate_detector  # noqa: PLC0415
 
     detector = open_detector(engine, path, spec_json, None)
     evaluation = evaluate_detector(detector, records, coco=False, gallery_size=0)
@@ -318,7 +319,7 @@ def mean_ap(engine, path, spec_json, records):
 def agreement(found, reference):
     """Fraction of ``reference`` detections that ``found`` matches with a detection of the
     same class at IoU >= 0.5; None when neither found anything (nothing to compare)."""
-    from yolo3.evaluate import box_iou  # noqa: PLC0415
+    from yolo3.evaluation.metrics import box_iou  # noqa: PLC0415
 
     matched = total = extra = 0
     for got, want in zip(found, reference, strict=True):
@@ -337,7 +338,7 @@ def agreement(found, reference):
 
 def run_detect(config, *, command, log):
     """The benchmark: a JSON-able result for :func:`format_detect`."""
-    from yolo3.validate import MAP_SCORE_THRESHOLD  # noqa: PLC0415
+    from yolo3.evaluation.validate import MAP_SCORE_THRESHOLD  # noqa: PLC0415
 
     work_dir = config.work_dir or tempfile.mkdtemp(prefix="detect-benchmark-")
     result = {
@@ -416,7 +417,7 @@ def run_detect(config, *, command, log):
 
 
 def _records_size(records_dir):
-    from yolo3 import records  # noqa: PLC0415
+    from yolo3.data import records  # noqa: PLC0415
 
     return records.open_record_set(records_dir).input_hw[0]
 

@@ -5,14 +5,14 @@
 (a) the original keras-yolo3 input (:mod:`benchmarks.original_input`): per image in one Python
     thread, decode with Pillow, ``get_random_data``, then ``preprocess_true_boxes`` once
     per batch; it hands the model float64 images *and targets built on the host*;
-(b) :func:`yolo3.data.make_dataset` with ``targets=False``, what training reads, over a
-    record set written once by :func:`yolo3.preprocess.run` (not timed), on one thread and
+(b) :func:`yolo3.data.pipeline.make_dataset` with ``targets=False``, what training reads, over a
+    record set written once by :func:`yolo3.data.preprocess.run` (not timed), on one thread and
     on all cores: uint8 images and padded boxes. Scaling and target building are left to
     the train step on the accelerator (``python tools/harness.py train`` measures what
     they cost there), so this row does less host work than (a);
 (b') the same with ``targets=True``: targets built in ``tf.data`` on the host, as (a) does;
 (c) the ceiling for one thread: ``tf.io.decode_jpeg`` of the same records' images;
-and the throughput of :func:`yolo3.preprocess.run` itself for each worker count.
+and the throughput of :func:`yolo3.data.preprocess.run` itself for each worker count.
 Measurements run in processes of their own, round-robin (:mod:`benchmarks.harness`).
 """
 
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from benchmarks import harness, original_input
-from yolo3 import annotations, synthetic
+from yolo3.data import annotations, synthetic
 
 # Goals of the record-set pipeline, per core: against the original, and against decoding.
 GOAL_VS_ORIGINAL = 20.0
@@ -116,7 +116,7 @@ def _time_original(*, lines, input_hw, anchors, num_classes, batch_size, images,
 def _time_dataset(dataset, *, batches, threads, warmup_batches=2):
     """Wall-clock and CPU time of ``batches`` batches after ``warmup_batches`` untimed ones.
 
-    The timing of :func:`yolo3.data.measure_throughput`, which reports wall-clock time
+    The timing of :func:`yolo3.data.pipeline.measure_throughput`, which reports wall-clock time
     only; CPU time (every thread of this process) is steadier on a shared machine.
     """
     import tensorflow as tf  # noqa: PLC0415
@@ -134,7 +134,7 @@ def _time_dataset(dataset, *, batches, threads, warmup_batches=2):
 def _time_records(
     *, records_dir, anchors, num_classes, batch_size, batches, threads, targets, seed, repeat
 ):
-    from yolo3 import data  # noqa: PLC0415
+    from yolo3.data import pipeline as data  # noqa: PLC0415
 
     dataset = data.make_dataset(
         records_dir,
@@ -152,7 +152,7 @@ def _time_records(
 def _time_decode(*, records_dir, batch_size, batches, threads, seed, repeat):
     import tensorflow as tf  # noqa: PLC0415
 
-    from yolo3 import records  # noqa: PLC0415
+    from yolo3.data import records  # noqa: PLC0415
 
     files = records.shard_paths(records_dir, records.read_manifest(records_dir), "train")
     feature = {"image": tf.io.FixedLenFeature([], tf.string)}
@@ -209,8 +209,8 @@ def _cpu_seconds():
 
 
 def _time_preprocess(config, annotation_path, class_names, directory, log):
-    """``({workers: figures}, records_dir)``: one :func:`yolo3.preprocess.run` per count."""
-    from yolo3 import preprocess  # noqa: PLC0415
+    """``({workers: figures}, records_dir)``: one :func:`yolo3.data.preprocess.run` per count."""
+    from yolo3.data import preprocess  # noqa: PLC0415
 
     timings, records_dir = {}, None
     for workers in config.workers_list:

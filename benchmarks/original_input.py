@@ -1,6 +1,6 @@
 """The original keras-yolo3 input path, reimplemented as it was written, to be timed.
 
-The Keras 2 code (``yolo3/utils.py`` and ``yolo3/model.py`` there) fed training from a
+The Keras 2 code (``yolo3/utils.py`` and ``yolo3/model/network.py`` there) fed training from a
 Python generator: per image, in one thread, open and decode with Pillow, then
 ``get_random_data`` (random aspect and scale, bicubic resize, placement on gray, flip, HSV
 jitter in float64 through matplotlib's ``rgb_to_hsv`` / ``hsv_to_rgb``), and once per batch
@@ -142,7 +142,7 @@ def preprocess_true_boxes(true_boxes, input_hw, anchors, num_classes):
 
     Returns:
         Three float32 arrays (N, h / stride, w / stride, 3, 5 + num_classes), stride 32 first,
-        laid out as :func:`yolo3.targets.build_targets` lays them out.
+        laid out as :func:`yolo3.model.targets.build_targets` lays them out.
     """
     true_boxes = np.array(true_boxes, dtype="float32")
     input_shape = np.array(input_hw, dtype="int32")

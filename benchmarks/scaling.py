@@ -1,11 +1,11 @@
 """Scaling benchmark: one training process against two workers on 127.0.0.1.
 
-:func:`run_scaling` runs the real training step (:class:`yolo3.trainer.YoloTrainer` under
+:func:`run_scaling` runs the real training step (:class:`yolo3.engine.trainer.YoloTrainer` under
 ``model.fit``, targets built in the step, as ``train.py``) twice:
 
 - one process, no ``TF_CONFIG`` (the default strategy);
 - two worker processes with ``TF_CONFIG`` for 127.0.0.1, so that
-  :func:`yolo3.distribute.make_strategy` builds a ``MultiWorkerMirroredStrategy`` and
+  :func:`yolo3.distributed.strategy.make_strategy` builds a ``MultiWorkerMirroredStrategy`` and
   applies the Keras workaround; each worker feeds the same per-worker batch, so the global
   batch doubles. Batch normalization is synchronized across the workers when there is more
   than one replica, as ``train.py`` does by default (``sync_bn="auto"``).
@@ -52,12 +52,13 @@ from keras import ops
 from benchmarks import harness
 from benchmarks.link import RateLimitedLoopback, parse_rate
 from benchmarks.train_step import TrainStepConfig, build_step
-from yolo3 import distribute, fileio
+from yolo3 import fileio
 from yolo3.callbacks import LocalSync
-from yolo3.communication import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
-from yolo3.compression import powersgd_bytes
-from yolo3.layers import SyncBatchNormalization
-from yolo3.local_steps import sync_bytes
+from yolo3.comm.allreduce import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
+from yolo3.comm.local_steps import sync_bytes
+from yolo3.comm.powersgd import powersgd_bytes
+from yolo3.distributed import strategy as distribute
+from yolo3.model.layers import SyncBatchNormalization
 
 GOAL_EFFICIENCY = 0.90
 SYNC_BN_CHOICES = ("auto", "on", "off")

@@ -6,9 +6,9 @@ by precision, with and without XLA, and its peak memory with and without remater
 (``tf.data.Dataset.from_tensors(...).repeat()``: no input pipeline), the same model and
 optimizer in every row:
 
-(a) the training step of :class:`yolo3.trainer.YoloTrainer` as ``train.py`` runs it: uint8
+(a) the training step of :class:`yolo3.engine.trainer.YoloTrainer` as ``train.py`` runs it: uint8
     images (scaled in the step) and padded boxes (B, max_boxes, 5) in, targets built by
-    :func:`yolo3.targets.build_targets` in the step, :func:`yolo3.loss.yolo_loss`,
+    :func:`yolo3.model.targets.build_targets` in the step, :func:`yolo3.model.loss.yolo_loss`,
     gradients, weight decay and the optimizer update;
 (b) the same step given prebuilt targets: the loss without target building;
 (c) the bare network: the same step with the loss replaced by the mean of the raw outputs
@@ -23,11 +23,11 @@ timed steps of each, so that load from other processes, which changes over secon
 shared machine, falls on all alike.
 
 Every row also gives the model FLOP/s achieved: the train step's FLOPs per image
-(:func:`yolo3.flops.count_flops` of the convolutions, times ``TRAIN_STEP_FACTOR``) times
+(:func:`yolo3.model.flops.count_flops` of the convolutions, times ``TRAIN_STEP_FACTOR``) times
 images/s, and with a known peak (``--peak-tflops``, or the GPU's in
-:data:`yolo3.devices.PEAK_TFLOPS`) the model FLOPs utilisation.
+:data:`yolo3.distributed.devices.PEAK_TFLOPS`) the model FLOPs utilisation.
 
-Memory: each ``remat`` setting (:mod:`yolo3.remat`, as ``train.py --remat``) trains (a) in a
+Memory: each ``remat`` setting (:mod:`yolo3.model.remat`, as ``train.py --remat``) trains (a) in a
 process of its own, since the peak resident memory of a process only grows. Figures: the process's
 peak RSS, its growth from just before the first step (tracing, activations, gradients,
 optimizer slots), and on a GPU the allocator's peak during the timed steps next to the
@@ -47,11 +47,13 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks import harness
-from yolo3 import devices, model, synthetic
-from yolo3.flops import TRAIN_STEP_FACTOR, count_flops
-from yolo3.remat import REMAT_CHOICES
-from yolo3.targets import build_targets
-from yolo3.trainer import WarmupSchedule, YoloTrainer, make_optimizer
+from yolo3.data import synthetic
+from yolo3.distributed import devices
+from yolo3.engine.trainer import WarmupSchedule, YoloTrainer, make_optimizer
+from yolo3.model import network as model
+from yolo3.model.flops import TRAIN_STEP_FACTOR, count_flops
+from yolo3.model.remat import REMAT_CHOICES
+from yolo3.model.targets import build_targets
 
 # Targets and loss may cost at most this share of the bare network's step.
 GOAL_OVERHEAD = 0.15
@@ -126,7 +128,7 @@ class TrainStepConfig:
 
 def default_precisions(gpus):
     """The precisions timed unless ``--precisions`` says: float16 only with a GPU (``gpus``,
-    :class:`yolo3.devices.GpuInfo`), as the CPU has no fast float16 kernels."""
+    :class:`yolo3.distributed.devices.GpuInfo`), as the CPU has no fast float16 kernels."""
     return ("float32", "bfloat16", "float16") if gpus else ("float32", "bfloat16")
 
 
@@ -163,7 +165,7 @@ def build_step(
     local_steps=None,
     overlap_sync=False,
 ):
-    """A compiled trainer, as ``yolo3.training.run`` compiles it, and its input batch.
+    """A compiled trainer, as ``yolo3.engine.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
     ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate``,
@@ -408,7 +410,7 @@ def run_train(config, *, command="", log=print, progress=True):
         "forward_per_image": forward,
         "train_step_per_image": train_flops,
         "train_step_factor": TRAIN_STEP_FACTOR,
-        "counted": "convolutions, 2 FLOPs per multiply-add (yolo3.flops.count_flops)",
+        "counted": "convolutions, 2 FLOPs per multiply-add (yolo3.model.flops.count_flops)",
     }
     speed = {
         precision: _peak(config, gpus, precision) | {"train_flops": train_flops}

@@ -24,9 +24,9 @@ import shutil
 import h5py
 import keras
 
-from yolo3 import distribute
+from yolo3.checkpoint.weights import METADATA_KEY, read_metadata
+from yolo3.distributed import strategy as distribute
 from yolo3.fileio import atomic_write
-from yolo3.weights import METADATA_KEY, read_metadata
 
 PATTERN = "backup-{step:09d}.weights.h5"
 LEGACY = "backup.weights.h5"  # one file, epoch ends only (earlier versions)

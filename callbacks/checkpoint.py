@@ -1,7 +1,7 @@
 """Checkpoints of the single-device template model, and the training state for ``--resume``.
 
 Files in the checkpoint folder (the chief worker's; the other workers of a multi-worker job
-save the same files through :func:`yolo3.distribute.chief_only_path` into scratch folders
+save the same files through :func:`yolo3.distributed.strategy.chief_only_path` into scratch folders
 that are deleted, because reading some distributed variables is a collective that every
 worker must join):
 
@@ -13,7 +13,7 @@ worker must join):
 
 Every file is written under a temporary name and renamed, so a killed run never leaves a
 file that looks complete but is not. The template files load with
-:func:`yolo3.weights.load_weights` into a model built with no strategy.
+:func:`yolo3.checkpoint.weights.load_weights` into a model built with no strategy.
 """
 
 import json
@@ -24,9 +24,9 @@ import shutil
 import h5py
 import keras
 
-from yolo3 import distribute
+from yolo3.checkpoint.weights import METADATA_KEY, read_metadata, save_weights
+from yolo3.distributed import strategy as distribute
 from yolo3.fileio import atomic_write
-from yolo3.weights import METADATA_KEY, read_metadata, save_weights
 
 LAST = "last.weights.h5"
 BEST = "best.weights.h5"
@@ -54,7 +54,8 @@ class TemplateCheckpoint(keras.callbacks.Callback):
     Args:
         directory: the checkpoint folder.
         body: the template model, ``trainer.body``.
-        worker: this process's :class:`yolo3.distribute.WorkerInfo` (None: a single process).
+        worker: this process's :class:`yolo3.distributed.strategy.WorkerInfo` (None: a single
+        process).
         every: also keep ``epoch-NNNN.weights.h5`` every ``every`` epochs (None: never).
         monitor: the log that picks ``best.weights.h5``, lower is better.
         metadata: JSON-able dict stored in every file (classes, anchors, input size...).

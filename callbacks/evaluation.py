@@ -69,7 +69,7 @@ class MapEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every or getattr(self.model, "stop_requested", False):
             return
-        from yolo3 import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
+        from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 
         evaluation = validate.evaluate_model(
             self.body,
@@ -94,7 +94,7 @@ class MapEvaluation(keras.callbacks.Callback):
         """Writes ``evaluation``'s per-class AP and gallery at ``step`` (see the class)."""
         import tensorflow as tf  # noqa: PLC0415
 
-        from yolo3 import plots  # noqa: PLC0415
+        from yolo3.evaluation import plots  # noqa: PLC0415
 
         if self._writer is None:
             path = os.path.join(self.tensorboard_dir, TENSORBOARD_RUN)

@@ -7,8 +7,8 @@ import keras
 
 class LocalSync(keras.callbacks.Callback):
     """Every ``H`` optimizer steps, the replicas average their weight changes
-    (:meth:`yolo3.local_steps.LocalStepsState.synchronize`); overlapped, the changes go out
-    there and are applied ``T`` steps later (:meth:`~yolo3.local_steps.LocalStepsState.land`).
+    (:meth:`yolo3.comm.local_steps.LocalStepsState.synchronize`); overlapped, the changes go out
+    there and are applied ``T`` steps later (:meth:`~yolo3.comm.local_steps.LocalStepsState.land`).
 
     At the end of each epoch (before validation, mAP and the checkpoints) and after any
     step that ``backup`` saves, the synchronisation is a full one: the inner optimizer's
@@ -16,7 +16,7 @@ class LocalSync(keras.callbacks.Callback):
     resumed run continues as the uninterrupted one. Runs before the callbacks that save.
 
     Args:
-        state: the trainer's :class:`yolo3.local_steps.LocalStepsState`.
+        state: the trainer's :class:`yolo3.comm.local_steps.LocalStepsState`.
         backup: the run's :class:`WorkerBackup` (its saving steps), or None.
         epoch_ends: False: no synchronisation at epoch ends, only every H steps (a
             benchmark's epochs are timing windows; a training run's must synchronise).

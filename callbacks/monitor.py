@@ -6,8 +6,8 @@ import time
 import keras
 import numpy as np
 
+from yolo3.engine.trainer import INPUT_WAIT_KEY
 from yolo3.progress import DEFAULT_SECONDS, Interval, format_duration
-from yolo3.trainer import INPUT_WAIT_KEY
 
 
 class Throughput(keras.callbacks.Callback):

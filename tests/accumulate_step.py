@@ -31,7 +31,7 @@ LEARNING_RATE = 0.01
 
 
 def _strategy(layout):
-    from yolo3 import distribute
+    from yolo3.distributed import strategy as distribute
 
     kind, _, rest = layout.partition(":")
     if kind == "one":
@@ -51,7 +51,7 @@ def run(layout, problem, settings):
     import keras
     from helpers import SMALL_ANCHORS, tiny_model
 
-    from yolo3.trainer import YoloTrainer
+    from yolo3.engine.trainer import YoloTrainer
 
     strategy, worker = _strategy(layout)
     keras.backend.set_floatx(settings["floatx"])

@@ -3,7 +3,8 @@
 The cfgs have exactly the sections of Darknet's ``yolov3.cfg``, ``yolov3-tiny.cfg`` and
 ``darknet53.cfg`` (only ``width``, ``height`` and ``classes`` vary), so OpenCV's Darknet reader
 can serve as an independent implementation to compare conversions against. This module parses
-cfgs on its own rather than with :mod:`yolo3.darknet`, so a parser bug cannot hide itself.
+cfgs on its own rather than with :mod:`yolo3.checkpoint.darknet`, so a parser bug cannot hide
+itself.
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from yolo3.resources import read_anchors
+from yolo3.model.resources import read_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 NET_SECTION = """[net]

@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 
-from yolo3.model import tiny_yolo_body
+from yolo3.model.network import tiny_yolo_body
 
 # Anchors sized for 64-128 px test inputs, smallest first as in Darknet's files.
 SMALL_ANCHORS = np.array([[6, 8], [10, 14], [16, 16], [24, 30], [40, 36], [56, 60]], np.float32)

@@ -18,14 +18,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 import tensorflow as tf  # noqa: E402
 
-from yolo3.distribute import configure_devices  # noqa: E402
+from yolo3.distributed.strategy import configure_devices  # noqa: E402
 
 configure_devices(gpus=0, cpu_replicas=2)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from yolo3.trainer import ReplicaSafeLossScaleOptimizer  # noqa: E402
+from yolo3.engine.trainer import ReplicaSafeLossScaleOptimizer  # noqa: E402
 
 
 def main():

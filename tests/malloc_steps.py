@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from yolo3.distribute import configure_devices  # noqa: E402
+from yolo3.distributed.strategy import configure_devices  # noqa: E402
 
 configure_devices(gpus=0, cpu_replicas=2)
 
@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from helpers import SMALL_ANCHORS, random_boxes, tiny_model  # noqa: E402
 
-from yolo3 import malloc  # noqa: E402
-from yolo3.trainer import YoloTrainer  # noqa: E402
+from yolo3.distributed import malloc  # noqa: E402
+from yolo3.engine.trainer import YoloTrainer  # noqa: E402
 
 BLOCK = 24 << 20  # below glibc's adaptive ceiling of 32 MiB
 SIZE, BATCH, STEPS = 64, 8, 3

@@ -6,11 +6,12 @@ data that these runs and the test's one-process reference share.
     python tests/mwms_worker.py mirrored PROBLEM.npz RESULT.npz REPLICAS
 
 ``train`` is worker INDEX of a MultiWorkerMirroredStrategy job on 127.0.0.1 (PORTS: one port
-per worker, comma-separated). It builds the strategy with ``yolo3.distribute.make_strategy``
-(which applies ``yolo3.keras_mwms``), fits two epochs, evaluates and saves through
-``chief_only_path``. ``unpatched`` records how plain Keras fails under the same strategy.
-``mirrored`` fits on REPLICAS logical CPUs with the patch applied, which must not change that
-path. TensorFlow lets a process join one collective group only, hence a process per run.
+per worker, comma-separated). It builds the strategy with
+``yolo3.distributed.strategy.make_strategy`` (which applies ``yolo3.distributed.keras_mwms``), fits
+two epochs, evaluates and saves through ``chief_only_path``. ``unpatched`` records how plain Keras
+fails under the same strategy. ``mirrored`` fits on REPLICAS logical CPUs with the patch applied,
+which must not change that path. TensorFlow lets a process join one collective group only, hence a
+process per run.
 """
 
 import json
@@ -119,7 +120,8 @@ def _save_result(path, model, losses, info, **extra):
 
 
 def run_train(problem, result_path, out_dir):
-    from yolo3 import distribute, keras_mwms
+    from yolo3.distributed import keras_mwms
+    from yolo3.distributed import strategy as distribute
 
     strategy = distribute.make_strategy(gpus=0)
     trainer = keras_mwms._trainer_module()
@@ -155,7 +157,8 @@ def run_train(problem, result_path, out_dir):
 
 
 def run_mirrored(problem, result_path, replicas):
-    from yolo3 import distribute, keras_mwms
+    from yolo3.distributed import keras_mwms
+    from yolo3.distributed import strategy as distribute
 
     distribute.configure_devices(cpu_replicas=replicas)
     keras_mwms.apply()
@@ -198,7 +201,7 @@ def run_unpatched(problem, result_path):
 
 def main(argv):
     mode, problem_path, result_path, *run_args = argv
-    from yolo3 import distribute
+    from yolo3.distributed import strategy as distribute
 
     keras.config.disable_traceback_filtering()
     problem = dict(np.load(problem_path))

@@ -5,7 +5,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from yolo3 import fileio, records
+from yolo3 import fileio
+from yolo3.data import records
 
 CLASSES = ("circle", "square")
 

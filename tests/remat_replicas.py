@@ -19,7 +19,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import tensorflow as tf  # noqa: E402
 
-from yolo3.distribute import configure_devices  # noqa: E402
+from yolo3.distributed.strategy import configure_devices  # noqa: E402
 
 REPLICAS = 4
 configure_devices(gpus=0, cpu_replicas=REPLICAS)
@@ -28,7 +28,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from helpers import SMALL_ANCHORS, random_boxes, tiny_model  # noqa: E402
 
-from yolo3.trainer import YoloTrainer  # noqa: E402
+from yolo3.engine.trainer import YoloTrainer  # noqa: E402
 
 SIZE, NUM_CLASSES = 64, 2
 

@@ -31,7 +31,7 @@ def run(replicas, images, boxes, initial):
     import keras
     from helpers import SMALL_ANCHORS, tiny_model
 
-    from yolo3.trainer import YoloTrainer
+    from yolo3.engine.trainer import YoloTrainer
 
     class LocalMeanTrainer(YoloTrainer):
         """The original's reduction: each replica differentiates its local batch mean."""
@@ -63,7 +63,7 @@ def run(replicas, images, boxes, initial):
 def main():
     replicas, problem_path, result_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if replicas:
-        from yolo3.distribute import configure_devices
+        from yolo3.distributed.strategy import configure_devices
 
         configure_devices(gpus=0, cpu_replicas=replicas)
     from graph_rewrites import skip_graph_rewrites

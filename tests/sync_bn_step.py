@@ -61,8 +61,8 @@ def run(strategy, images, boxes, initial, batch_norm):
     """
     from helpers import SMALL_ANCHORS
 
-    from yolo3.loss import replica_loss, yolo_loss
-    from yolo3.targets import build_targets
+    from yolo3.model.loss import replica_loss, yolo_loss
+    from yolo3.model.targets import build_targets
 
     global_batch = images.shape[1]
     with strategy.scope():
@@ -93,7 +93,7 @@ def run(strategy, images, boxes, initial, batch_norm):
 def main():
     replicas, problem_path, result_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if replicas:
-        from yolo3.distribute import configure_devices
+        from yolo3.distributed.strategy import configure_devices
 
         configure_devices(gpus=0, cpu_replicas=replicas)
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from helpers import random_boxes, tiny_model
 
-from yolo3 import distribute
+from yolo3.distributed import strategy as distribute
 
 STEP_SCRIPT = Path(__file__).with_name("accumulate_step.py")
 IMAGES = 32

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 from helpers import load_tool
 
-from yolo3.annotations import parse_annotations
+from yolo3.data.annotations import parse_annotations
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yolo3.annotations import (
+from yolo3.data.annotations import (
     format_line,
     parse_annotation_files,
     parse_annotations,
@@ -194,7 +194,7 @@ def test_format_line_checks_lengths():
 def test_preprocessing_modules_do_not_import_tensorflow():
     code = (
         "import sys\n"
-        "import yolo3.annotations, yolo3.hygiene, yolo3.kmeans\n"
+        "import yolo3.data.annotations, yolo3.data.hygiene, yolo3.data.kmeans\n"
         "import yolo3.commands.voc_annotation, yolo3.commands.coco_annotation\n"
         "import yolo3.commands.kmeans, yolo3.commands.launch\n"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"

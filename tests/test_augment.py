@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from yolo3.augment import (
+from yolo3.data.augment import (
     NUM_DRAWS,
     AugmentConfig,
     clip_boxes,
@@ -21,7 +21,7 @@ from yolo3.augment import (
     random_augment,
     rgb_to_hsv,
 )
-from yolo3.image import PAD_VALUE, letterbox_image
+from yolo3.data.image import PAD_VALUE, letterbox_image
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_COLOUR = AugmentConfig(hue=0.0, saturation=1.0, value=1.0)
@@ -325,7 +325,7 @@ def test_deterministic_per_seed_and_in_a_fresh_process_without_tensorflow():
     script = (
         "import sys\n"
         "from test_augment import _digest\n"
-        "assert 'tensorflow' not in sys.modules, 'yolo3.augment imported tensorflow'\n"
+        "assert 'tensorflow' not in sys.modules, 'yolo3.data.augment imported tensorflow'\n"
         "print(_digest(5))\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))

@@ -15,9 +15,9 @@ import pytest
 from helpers import load_tool
 
 from benchmarks import harness, link, original_input, scaling, train_step
-from yolo3 import devices
-from yolo3.resources import read_anchors
-from yolo3.targets import build_targets
+from yolo3.distributed import devices
+from yolo3.model.resources import read_anchors
+from yolo3.model.targets import build_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 IO_ROWS = (

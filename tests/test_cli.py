@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import load_tool
 
-from yolo3 import commands, validate
+from yolo3 import commands
 from yolo3.cli import TF_LOG_ENV, HelpFormatter
 from yolo3.commands import COMMANDS, summary, train
+from yolo3.evaluation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,7 +179,7 @@ def _visible(parser):
 
 def test_shared_flags_mean_the_same_in_every_tool():
     from yolo3.cli import output_file, output_folder
-    from yolo3.model import MODEL_TYPES
+    from yolo3.model.network import MODEL_TYPES
     from yolo3.progress import PROGRESS_CHOICES
 
     seen = {}
@@ -264,7 +265,7 @@ def test_train_model_alias_builds_the_same_config(tmp_path):
 
 
 def _fake_detectors(folder):
-    """Files that :func:`yolo3.export.artifact_engine` tells apart by what they hold: no
+    """Files that :func:`yolo3.inference.export.artifact_engine` tells apart by what they hold: no
     detector in them, enough to choose the way in."""
     folder.mkdir()
     saved = folder / "saved_model"

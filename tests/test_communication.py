@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from yolo3.communication import (
+from yolo3.comm.allreduce import (
     FLOAT16_MAX,
     all_reduce_gradients,
     allreduce_bytes,

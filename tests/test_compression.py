@@ -19,17 +19,17 @@ from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 from train_worker import SNAPSHOT_ENV
 
-from yolo3 import training
-from yolo3.commands import train
-from yolo3.communication import allreduce_bytes
-from yolo3.compression import (
+from yolo3.comm.allreduce import allreduce_bytes
+from yolo3.comm.powersgd import (
     PowerSGDState,
     compressible,
     powersgd_all_reduce,
     powersgd_bytes,
     worth_compressing,
 )
-from yolo3.trainer import YoloTrainer
+from yolo3.commands import train
+from yolo3.engine import training
+from yolo3.engine.trainer import YoloTrainer
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 # Kernel shapes (kh, kw, cin, cout), as (m = kh * kw * cin) x (n = cout) matrices tall,
@@ -280,8 +280,8 @@ def test_the_state_is_saved_with_the_trainer_and_loads_only_where_it_fits(tmp_pa
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Eight noisy records in two shards, anchors and seeded initial weights."""
-    from yolo3.model import tiny_yolo_body
-    from yolo3.weights import save_weights
+    from yolo3.checkpoint.weights import save_weights
+    from yolo3.model.network import tiny_yolo_body
 
     folder = tmp_path_factory.mktemp("compression")
     records = small_record_set(folder / "records", train=8, val=0, num_shards=2, noise=20)
@@ -304,8 +304,8 @@ def _saved_state(path):
 def assert_trained_alike(dump, initial):
     """Both workers' dumped weights moved away from ``initial`` and are bitwise equal;
     returns the template model with the initial weights."""
-    from yolo3.model import tiny_yolo_body
-    from yolo3.weights import load_weights
+    from yolo3.checkpoint.weights import load_weights
+    from yolo3.model.network import tiny_yolo_body
 
     chief, _ = _weights(dump / "worker-0.npz")
     other, _ = _weights(dump / "worker-1.npz")

@@ -18,10 +18,10 @@ import tensorflow as tf
 from darknet_files import write_cfg, write_random_weights
 from helpers import float64_copy, load_tool
 
-from yolo3 import darknet
-from yolo3 import weights as yolo_weights
-from yolo3.model import tiny_yolo_body, yolo_body
-from yolo3.resources import read_anchors
+from yolo3.checkpoint import darknet
+from yolo3.checkpoint import weights as yolo_weights
+from yolo3.model.network import tiny_yolo_body, yolo_body
+from yolo3.model.resources import read_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 # (classes, cfg size): small sizes keep OpenCV and the NumPy calibration of the weights fast.
@@ -133,8 +133,8 @@ def test_yolov3_info_and_metadata(converted, tmp_path):
 SUBPROCESS_SCRIPT = """
 import sys
 import numpy as np
-from yolo3.model import yolo_body
-from yolo3.weights import load_weights
+from yolo3.model.network import yolo_body
+from yolo3.checkpoint.weights import load_weights
 
 model = yolo_body(num_classes=80)
 report = load_weights(model, sys.argv[1])

@@ -1,6 +1,7 @@
-"""Keras -> Darknet (``yolo3.darknet_writer.write_darknet``, ``convert.py --to-darknet``).
+"""Keras -> Darknet (``yolo3.checkpoint.darknet_writer.write_darknet``, ``convert.py
+--to-darknet``).
 
-Checked two ways: :func:`yolo3.darknet.convert` reads the files back to the same weights,
+Checked two ways: :func:`yolo3.checkpoint.darknet.convert` reads the files back to the same weights,
 anchors, masks, classes and size (exact), and OpenCV's Darknet reader, an implementation of
 its own, computes the same heads from them as the Keras model does.
 """
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 from helpers import SMALL_ANCHORS, float64_copy, load_tool
 
-from yolo3 import darknet, darknet_writer
-from yolo3 import weights as yolo_weights
-from yolo3.model import build_model
-from yolo3.resources import read_anchors
+from yolo3.checkpoint import darknet, darknet_writer
+from yolo3.checkpoint import weights as yolo_weights
+from yolo3.model.network import build_model
+from yolo3.model.resources import read_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 3
@@ -237,7 +238,7 @@ def test_cfg_text_rejects_bad_settings(changes, message):
 
 
 def metadata(model_type):
-    """What training writes beside the weights (``yolo3.training``)."""
+    """What training writes beside the weights (``yolo3.engine.training``)."""
     settings = SETTINGS[model_type]
     return {
         "model_type": model_type,

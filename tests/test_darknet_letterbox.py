@@ -11,9 +11,9 @@ import pytest
 from helpers import SMALL_ANCHORS, tiny_model
 from PIL import Image
 
-from yolo3.detect import Detector
-from yolo3.image import darknet_resize, letterbox_darknet, letterbox_image
-from yolo3.weights import save_weights
+from yolo3.checkpoint.weights import save_weights
+from yolo3.data.image import darknet_resize, letterbox_darknet, letterbox_image
+from yolo3.inference.detect import Detector
 
 F = np.float32
 

@@ -7,9 +7,10 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, tiny_model
 from record_sets import make_examples, write_record_set
 
-from yolo3 import data, records
-from yolo3.loss import yolo_loss
-from yolo3.targets import build_targets
+from yolo3.data import pipeline as data
+from yolo3.data import records
+from yolo3.model.loss import yolo_loss
+from yolo3.model.targets import build_targets
 
 SIZE = 64
 GREY, RED = 100, (255, 0, 0)

@@ -7,9 +7,9 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
-from yolo3 import synthetic
-from yolo3.annotations import parse_annotations
-from yolo3.resources import read_classes
+from yolo3.data import synthetic
+from yolo3.data.annotations import parse_annotations
+from yolo3.model.resources import read_classes
 
 SIZE = (96, 128)  # height, width: not square, so a swapped axis shows
 make_demo_dataset = load_tool("make_demo_dataset")

@@ -8,7 +8,7 @@ from test_local_steps import _copies, _fit, _more_steps
 from train_helpers import train_args
 
 from yolo3.commands import train
-from yolo3.trainer import YoloTrainer
+from yolo3.engine.trainer import YoloTrainer
 
 
 @pytest.fixture(scope="module")

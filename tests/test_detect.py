@@ -18,12 +18,12 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
+from yolo3.checkpoint.weights import load_weights, save_weights
 from yolo3.cli import use_device
-from yolo3.detect import Detector, draw_detections
-from yolo3.image import load_rgb
-from yolo3.model import build_model
-from yolo3.resources import parse_anchors
-from yolo3.weights import load_weights, save_weights
+from yolo3.data.image import load_rgb
+from yolo3.inference.detect import Detector, draw_detections
+from yolo3.model.network import build_model
+from yolo3.model.resources import parse_anchors
 
 detect_cli = load_tool("detect")
 
@@ -189,7 +189,7 @@ def test_draw_detections_draws_in_the_class_colour(detector):
 
 
 def test_draw_detections_keeps_captions_whole_inside_the_image():
-    from yolo3.detect import class_colors
+    from yolo3.inference.detect import class_colors
 
     image = np.zeros((60, 128, 3), np.uint8)
     detection = {
@@ -212,7 +212,7 @@ def test_draw_detections_keeps_captions_whole_inside_the_image():
 
 
 def test_draw_detections_legend_adds_a_band_below():
-    from yolo3.detect import class_colors
+    from yolo3.inference.detect import class_colors
 
     image = np.full((60, 128, 3), 90, np.uint8)
     detection = {
@@ -414,7 +414,7 @@ def test_detector_uses_the_anchor_masks_the_weights_record(files, weights_with_m
 def test_original_keras2_tiny_weights_get_the_original_masks(files, tmp_path):
     from darknet_files import write_keras2_h5
 
-    from yolo3.model import tiny_yolo_body
+    from yolo3.model.network import tiny_yolo_body
 
     path = str(tmp_path / "trained_weights_final.h5")
     write_keras2_h5(tiny_yolo_body(num_classes=2), path, np.random.default_rng(0))

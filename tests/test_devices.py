@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from yolo3.devices import (
+from yolo3.distributed.devices import (
     GpuInfo,
     choose_jit_compile,
     choose_precision,
     describe_gpus,
     peak_tflops,
 )
-from yolo3.distribute import (
+from yolo3.distributed.strategy import (
     StrategyChoice,
     StrategyKind,
     choose_strategy_kind,
@@ -140,7 +140,7 @@ def test_make_strategy_gpu_branches_run():
     out = _fresh_process(
         """
         import tensorflow as tf
-        from yolo3.distribute import make_strategy
+        from yolo3.distributed.strategy import make_strategy
         names = ["/physical_device:GPU:0", "/physical_device:GPU:1"]
         # --gpus 0 on a GPU machine: the GPUs are hidden before TensorFlow starts.
         cpu = make_strategy(gpus=0, gpu_names=names)

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from yolo3 import distribute, keras_mwms
-from yolo3.distribute import StrategyKind, choose_strategy_kind
+from yolo3.distributed import keras_mwms
+from yolo3.distributed import strategy as distribute
+from yolo3.distributed.strategy import StrategyKind, choose_strategy_kind
 
 WORKER_SCRIPT = Path(__file__).with_name("mwms_worker.py")
 WORKER_TIMEOUT_S = 120
@@ -363,7 +364,7 @@ def test_cpu_replicas_with_the_patch_applied_match_one_process(problem, referenc
 
 def test_upstream_keras_still_fails_without_the_patch(problem, tmp_path):
     """Canary: when this fails, upstream fixed MultiWorkerMirroredStrategy and the patch in
-    yolo3/keras_mwms.py can go."""
+    yolo3/distributed/keras_mwms.py can go."""
     paths = _run_workers("unpatched", problem, tmp_path / "unpatched", "json")
     for path in paths:
         errors = json.loads(path.read_text())

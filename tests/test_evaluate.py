@@ -8,8 +8,9 @@ from PIL import Image
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from yolo3 import evaluate, fileio
-from yolo3.evaluate import (
+from yolo3 import fileio
+from yolo3.evaluation import metrics as evaluate
+from yolo3.evaluation.metrics import (
     evaluate_coco,
     evaluate_voc,
     format_table,
@@ -17,7 +18,7 @@ from yolo3.evaluate import (
     result_to_json,
     voc_ap,
 )
-from yolo3.plots import class_colors, draw_gallery, plot_pr_curve
+from yolo3.evaluation.plots import class_colors, draw_gallery, plot_pr_curve
 
 FAR = [200.0, 200.0, 210.0, 210.0]  # overlaps none of the ground-truth boxes below
 
@@ -412,7 +413,7 @@ GREEN = (0, 230, 0)  # the truth colour itself: a truth line alone would vanish 
 
 def _marked_gallery(**kwargs):
     """One 160 px green image, drawn 1:1: a matched pair, a missed truth, a false positive."""
-    from yolo3.plots import gallery_image
+    from yolo3.evaluation.plots import gallery_image
 
     image = np.zeros((160, 160, 3), np.uint8) + np.uint8(GREEN)
     truths = [truth([[20, 20, 80, 80], [100, 100, 150, 150]], [0, 0])]
@@ -447,7 +448,7 @@ def test_gallery_marks_matches_misses_and_false_positives_apart():
 
 
 def test_gallery_draws_a_truth_visibly_on_its_own_colour():
-    from yolo3.plots import gallery_image
+    from yolo3.evaluation.plots import gallery_image
 
     image = np.zeros((100, 100, 3), np.uint8) + np.uint8(GREEN)
     picture = gallery_image([image], [truth([[30, 30, 70, 70]], [0])], None, ["a"], tile_size=100)
@@ -458,7 +459,7 @@ def test_gallery_draws_a_truth_visibly_on_its_own_colour():
 
 
 def test_gallery_legend_is_a_band_below_the_tiles():
-    from yolo3.plots import gallery_image, legend_band
+    from yolo3.evaluation.plots import gallery_image, legend_band
 
     with_legend = _marked_gallery()
     without = _marked_gallery(legend=False)
@@ -490,7 +491,7 @@ def test_gallery_legend_is_a_band_below_the_tiles():
 
 def test_gallery_without_truth_draws_no_false_positives():
     pixels_with_truth = _marked_gallery(legend=False)
-    from yolo3.plots import gallery_image
+    from yolo3.evaluation.plots import gallery_image
 
     image = np.zeros((160, 160, 3), np.uint8) + np.uint8(GREEN)
     detections = [found([[100, 10, 150, 50]], [0.8], [1])]
@@ -501,7 +502,7 @@ def test_gallery_without_truth_draws_no_false_positives():
 
 
 def test_gallery_matching_takes_each_truth_once_by_score():
-    from yolo3.plots import match_image
+    from yolo3.evaluation.plots import match_image
 
     truths = truth([A, B, FAR], [0, 0, 1], difficult=[False, False, True])
     # By score: 0.9 takes A; 0.8 overlaps A most, taken: a duplicate; class 1 on B: wrong
@@ -515,6 +516,6 @@ def test_gallery_matching_takes_each_truth_once_by_score():
 
 
 def test_gallery_colours_match_detection_drawing():
-    from yolo3.detect import class_colors as detect_class_colors
+    from yolo3.inference.detect import class_colors as detect_class_colors
 
     assert class_colors(7) == detect_class_colors(7)

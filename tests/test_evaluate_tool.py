@@ -8,9 +8,9 @@ from helpers import SMALL_ANCHORS, load_tool
 from PIL import Image
 from train_helpers import SIZE, small_record_set, write_anchors
 
-from yolo3 import validate
-from yolo3.model import tiny_yolo_body
-from yolo3.weights import read_metadata, save_weights
+from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.evaluation import validate
+from yolo3.model.network import tiny_yolo_body
 
 evaluate_tool = load_tool("evaluate")
 
@@ -95,7 +95,7 @@ def test_missing_inputs_are_usage_errors(tmp_path, capsys):
 
 
 def test_report_keeps_class_names_and_writes_strict_json(tmp_path):
-    from yolo3 import evaluate
+    from yolo3.evaluation import metrics as evaluate
 
     names = ["NaNny goat", "Infinity pool"]
     truths = [{"boxes": np.array([[0, 0, 10, 10]], np.float32), "classes": np.array([0])}]
@@ -153,7 +153,7 @@ COCO_BOXES = [[20, 6, 44, 26], [20, 70, 44, 90], [84, 6, 108, 26], [84, 70, 108,
 
 
 def _constant_head_weights(path):
-    from yolo3.model import build_model
+    from yolo3.model.network import build_model
 
     model = build_model("tiny", 2, input_size=64)
     for name, confident in (("conv_9", True), ("conv_12", False)):
@@ -171,7 +171,7 @@ def test_coco_json_scores_exactly_as_pycocotools_on_the_file(tmp_path, capsys):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from yolo3.evaluate import COCO_METRICS
+    from yolo3.evaluation.metrics import COCO_METRICS
 
     images = tmp_path / "val"
     images.mkdir()

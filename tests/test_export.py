@@ -15,11 +15,11 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
-from yolo3 import weights as weights_io
-from yolo3.detector_spec import DetectorSpec, spec_for_weights
-from yolo3.export import export_detector, read_artifact_metadata
-from yolo3.model import build_model, head_layer_names
-from yolo3.runtime import ArtifactDetector, load_detector
+from yolo3.checkpoint import weights as weights_io
+from yolo3.inference.detector_spec import DetectorSpec, spec_for_weights
+from yolo3.inference.export import export_detector, read_artifact_metadata
+from yolo3.inference.runtime import ArtifactDetector, load_detector
+from yolo3.model.network import build_model, head_layer_names
 
 pytest.importorskip("onnxruntime")
 
@@ -235,7 +235,7 @@ def test_artifact_runs_in_a_fresh_process_without_project_code(exported, engine,
 
 def _quantized_agreement(found, expected):
     """Fraction of reference detections matched by a same-class detection with IoU >= 0.5."""
-    from yolo3.evaluate import box_iou  # noqa: PLC0415
+    from yolo3.evaluation.metrics import box_iou  # noqa: PLC0415
 
     matched = total = 0
     for got, want in zip(found, expected, strict=True):

@@ -3,8 +3,8 @@
 import keras
 import pytest
 
-from yolo3.flops import count_flops, flops_by_layer
-from yolo3.model import build_model
+from yolo3.model.flops import count_flops, flops_by_layer
+from yolo3.model.network import build_model
 
 
 def test_one_convolution_counts_two_flops_per_multiply_add():

@@ -5,8 +5,8 @@ import logging
 import numpy as np
 import pytest
 
-from yolo3.annotations import Entry
-from yolo3.hygiene import drop_rare_classes, split_validation
+from yolo3.data.annotations import Entry
+from yolo3.data.hygiene import drop_rare_classes, split_validation
 
 
 def entry(path, classes, boxes=None):
@@ -90,7 +90,7 @@ def test_per_class_split_serves_every_class_and_keeps_training_images(caplog):
     entries.append(entry("rare_a.jpg", [6]))
     entries.append(entry("rare_b.jpg", [6, 0]))
     entries.append(entry("single.jpg", [7]))  # one image: it must stay in training
-    with caplog.at_level(logging.WARNING, logger="yolo3.annotations"):
+    with caplog.at_level(logging.WARNING, logger="yolo3.data.annotations"):
         train, val = split_validation(entries, per_class=3, seed=0)
     assert {e.path for e in train}.isdisjoint(e.path for e in val)
     assert len(train) + len(val) == len(entries)

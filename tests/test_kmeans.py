@@ -7,8 +7,8 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
-from yolo3.annotations import Entry
-from yolo3.kmeans import (
+from yolo3.data.annotations import Entry
+from yolo3.data.kmeans import (
     format_anchors,
     image_hw,
     iou_kmeans,
@@ -16,7 +16,7 @@ from yolo3.kmeans import (
     mean_best_iou,
     wh_iou,
 )
-from yolo3.resources import read_anchors
+from yolo3.model.resources import read_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 CENTRES = np.array([[10.0, 20.0], [50.0, 40.0], [120.0, 200.0]])

@@ -7,7 +7,7 @@ images, which training never sees (not even for checkpoint selection).
 
 Its own processes keep the test session's state out of the training: the conftest's logical
 CPU devices, and glibc's malloc thresholds, which a ``MirroredStrategy`` input iterator of an
-earlier in-process test pins for the rest of the process (``yolo3/malloc.py``; training
+earlier in-process test pins for the rest of the process (``yolo3/distributed/malloc.py``; training
 without a strategy never restores them, and measured 12-15% slower pinned).
 
 The demo's recipe with half its epochs: 3 of 6. 4,000 images for 3 epochs reached mAP@0.5
@@ -25,12 +25,12 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
-from yolo3.annotations import parse_annotations
-from yolo3.detect import Detector
-from yolo3.evaluate import evaluate_voc, format_table
-from yolo3.model import tiny_yolo_body
-from yolo3.resources import read_anchors, read_classes
-from yolo3.weights import load_weights
+from yolo3.checkpoint.weights import load_weights
+from yolo3.data.annotations import parse_annotations
+from yolo3.evaluation.metrics import evaluate_voc, format_table
+from yolo3.inference.detect import Detector
+from yolo3.model.network import tiny_yolo_body
+from yolo3.model.resources import read_anchors, read_classes
 
 SEED = 0
 INPUT_SIZE = 96  # the images are generated at this size: letterboxing is the identity

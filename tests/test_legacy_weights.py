@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from darknet_files import write_keras2_h5
 
-from yolo3.legacy import KERAS2_BN_EPSILON, read_keras2_layers
-from yolo3.model import BN_EPSILON, tiny_yolo_body, yolo_body
-from yolo3.weights import load_weights
+from yolo3.checkpoint.legacy import KERAS2_BN_EPSILON, read_keras2_layers
+from yolo3.checkpoint.weights import load_weights
+from yolo3.model.network import BN_EPSILON, tiny_yolo_body, yolo_body
 
 
 def folded(variance, file_epsilon=KERAS2_BN_EPSILON):

@@ -16,11 +16,11 @@ from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_train_distributed import _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, small_record_set, train_args
 
-from yolo3 import training
 from yolo3.callbacks import LocalSync
+from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
 from yolo3.commands import train
-from yolo3.local_steps import LocalStepsState, local_reducer, sync_bytes
-from yolo3.trainer import YoloTrainer, make_optimizer
+from yolo3.engine import training
+from yolo3.engine.trainer import YoloTrainer, make_optimizer
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 

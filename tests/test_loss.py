@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, numpy_loss, numpy_targets, random_boxes
 
-from yolo3.loss import yolo_loss
-from yolo3.targets import build_targets
+from yolo3.model.loss import yolo_loss
+from yolo3.model.targets import build_targets
 
 NUM_CLASSES = 2
 MASKS = ((3, 4, 5), (0, 1, 2))

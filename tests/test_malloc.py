@@ -1,5 +1,5 @@
 """glibc's malloc thresholds: TensorFlow's multi-device input iterator pins them, the trainer
-sets them back before each step (yolo3.malloc).
+sets them back before each step (yolo3.distributed.malloc).
 
 A pinned threshold means that a block above 128 KiB which no free chunk of the heap can
 hold is a fresh mapping of its own, faulted in and unmapped again every time it is asked
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from yolo3 import malloc
+from yolo3.distributed import malloc
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -42,7 +42,7 @@ def test_the_trainer_restores_what_the_input_iterator_pinned_before_every_step()
     kept = _steps("keep")
     # TensorFlow 2.21: once fit has made its iterator over the replicas, every such block is
     # a mapping of its own, and stays so step after step. Should this fail after a
-    # TensorFlow upgrade, the pin may be gone, and yolo3.malloc with it.
+    # TensorFlow upgrade, the pin may be gone, and yolo3.distributed.malloc with it.
     assert kept == {"before_first": 3, "after": [3, 3, 3]}
     restored = _steps("restore")
     assert restored == {"before_first": 3, "after": [0, 0, 0]}

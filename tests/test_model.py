@@ -6,7 +6,13 @@ import keras
 import numpy as np
 import pytest
 
-from yolo3.model import build_model, darknet_body, head_layer_names, tiny_yolo_body, yolo_body
+from yolo3.model.network import (
+    build_model,
+    darknet_body,
+    head_layer_names,
+    tiny_yolo_body,
+    yolo_body,
+)
 
 LAYER_NAME = re.compile(r"^(image|(conv|bn|leaky|pad|add|upsample|concat|maxpool)_\d+)$")
 

@@ -19,7 +19,7 @@ import pytest
 from nbclient import NotebookClient
 from PIL import Image
 
-from yolo3.synthetic import CLASS_NAMES, make_dataset
+from yolo3.data.synthetic import CLASS_NAMES, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"

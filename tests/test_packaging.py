@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from PIL import Image
 from test_detect import EXPECTED_LANDSCAPE, sorted_rows, write_described_weights
 
-from yolo3.keras_mwms import TESTED_KERAS_VERSIONS
+from yolo3.distributed.keras_mwms import TESTED_KERAS_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("setup.py", "pyproject.toml", "README.md", "yolo3", "callbacks", "model_data")
@@ -95,9 +95,9 @@ def test_wheel_adds_exactly_one_top_level_name(installed):
 def test_installed_library_imports_callbacks_inside_its_namespace(installed):
     out = _python(
         installed,
-        "import importlib.util, pkgutil, yolo3, yolo3.callbacks, yolo3.training\n"
+        "import importlib.util, pkgutil, yolo3, yolo3.callbacks, yolo3.engine.training\n"
         "print(yolo3.callbacks.__file__)\n"
-        "print(yolo3.training.yolo_callbacks is yolo3.callbacks)\n"
+        "print(yolo3.engine.training.yolo_callbacks is yolo3.callbacks)\n"
         "print(importlib.util.find_spec('callbacks'))\n"
         "print(','.join(sorted(m.name for m in pkgutil.iter_modules(yolo3.__path__))))\n",
     )
@@ -106,7 +106,8 @@ def test_installed_library_imports_callbacks_inside_its_namespace(installed):
     assert same == "True"
     assert top_level == "None", "`import callbacks` must fail in an installed environment"
     modules = set(modules.split(","))
-    assert {"model", "loss", "training", "callbacks", "detect", "darknet"} <= modules
+    packages = {"model", "data", "checkpoint", "engine", "comm", "distributed", "evaluation"}
+    assert {*packages, "inference", "commands", "callbacks", "cli"} <= modules
     assert not modules & BENCHMARK_MODULES
     assert "original_input" not in modules
 
@@ -140,7 +141,8 @@ def test_yolo3_command_detects_from_the_installed_wheel_outside_the_checkout(ins
     assert "yolo3 detect" in _run([yolo3, "detect", "--help"], cwd=work, env=env)
     out = _python(
         installed,
-        "from yolo3.resources import model_data_file\nprint(model_data_file('yolo_anchors.txt'))\n",
+        "from yolo3.model.resources import model_data_file\n"
+        "print(model_data_file('yolo_anchors.txt'))\n",
     )
     shipped = Path(out.strip().splitlines()[-1])
     assert shipped == installed["site"] / "yolo3" / "model_data" / "yolo_anchors.txt"

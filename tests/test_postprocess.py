@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from yolo3.image import letterbox_geometry, letterbox_image
-from yolo3.postprocess import (
+from yolo3.data.image import letterbox_geometry, letterbox_image
+from yolo3.inference.postprocess import (
     batched_nms,
     decode_heads,
     letterbox_geometry_tf,

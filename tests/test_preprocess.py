@@ -2,7 +2,7 @@
 
 Every test builds its images in ``tmp_path`` and runs the real command line through
 ``main([...])`` (the kill test also as a subprocess), then reads the shards back with
-:func:`yolo3.records.parse_example_numpy`.
+:func:`yolo3.data.records.parse_example_numpy`.
 """
 
 import json
@@ -19,8 +19,8 @@ import tensorflow as tf
 from helpers import load_tool
 from PIL import Image
 
-from yolo3 import records
-from yolo3.augment import letterbox
+from yolo3.data import records
+from yolo3.data.augment import letterbox
 
 ROOT = Path(__file__).resolve().parents[1]
 tool = load_tool("preprocess")
@@ -595,7 +595,9 @@ def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
     """VOC's difficult objects: kept in the records, left out of training, ignored by mAP."""
     from helpers import SMALL_ANCHORS
 
-    from yolo3 import data, evaluate, validate
+    from yolo3.data import pipeline as data
+    from yolo3.evaluation import metrics as evaluate
+    from yolo3.evaluation import validate
 
     folder = tmp_path / "data"
     folder.mkdir()

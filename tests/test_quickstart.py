@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from helpers import load_tool
 
-from yolo3.synthetic import CLASS_NAMES, make_dataset
+from yolo3.data.synthetic import CLASS_NAMES, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

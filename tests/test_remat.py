@@ -13,12 +13,12 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, random_boxes, tiny_model
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-from yolo3 import training
+from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
-from yolo3.model import build_model
-from yolo3.remat import RematForward, split_into_segments
-from yolo3.trainer import YoloTrainer
-from yolo3.weights import load_weights
+from yolo3.engine import training
+from yolo3.engine.trainer import YoloTrainer
+from yolo3.model.network import build_model
+from yolo3.model.remat import RematForward, split_into_segments
 
 NUM_CLASSES = 2
 REPLICAS_SCRIPT = Path(__file__).with_name("remat_replicas.py")

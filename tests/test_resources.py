@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from yolo3.resources import default_anchor_masks, parse_anchors, read_anchors, read_classes
+from yolo3.model.resources import default_anchor_masks, parse_anchors, read_anchors, read_classes
 
 
 def test_shipped_files():
@@ -64,8 +64,8 @@ def test_duplicate_class_names(tmp_path):
 
 
 def test_darknet_weights_given_to_the_keras_loader(tmp_path):
-    from yolo3.model import build_model
-    from yolo3.weights import load_weights
+    from yolo3.checkpoint.weights import load_weights
+    from yolo3.model.network import build_model
 
     path = tmp_path / "yolov3.weights"
     path.write_bytes(b"\x00" * 64)

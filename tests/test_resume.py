@@ -32,7 +32,7 @@ from test_train_distributed import (
 from train_helpers import SIZE, small_record_set, write_anchors
 
 from yolo3.callbacks import PREEMPTED_STATUS
-from yolo3.weights import read_metadata
+from yolo3.checkpoint.weights import read_metadata
 
 pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH, EPOCHS = 4, 3
@@ -47,8 +47,8 @@ def setup(tmp_path_factory):
     """Eight records in two shards of four, anchors and seeded initial weights."""
     import keras
 
-    from yolo3.model import tiny_yolo_body
-    from yolo3.weights import save_weights
+    from yolo3.checkpoint.weights import save_weights
+    from yolo3.model.network import tiny_yolo_body
 
     folder = tmp_path_factory.mktemp("resume")
     records = small_record_set(folder / "records", train=8, val=8, num_shards=2, noise=20)

@@ -1,7 +1,7 @@
 """Why the loss is per image: one step of the trainer's own train step on 1, 2 and 4 replicas.
 
 With the per-image loss reduced over the global batch (``YoloTrainer.replica_loss``, that
-is :func:`yolo3.loss.replica_loss`), a data-parallel step gives the same weights as one
+is :func:`yolo3.model.loss.replica_loss`), a data-parallel step gives the same weights as one
 device on the same global batch. A scalar mean over each replica's local batch makes the
 summed gradient the replica count times too large.
 """

@@ -30,9 +30,9 @@ from train_helpers import (
     write_anchors,
 )
 
-from yolo3 import distribute
-from yolo3.model import tiny_yolo_body
-from yolo3.weights import read_metadata, save_weights
+from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.distributed import strategy as distribute
+from yolo3.model.network import tiny_yolo_body
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("slurm_worker.py")
@@ -414,7 +414,7 @@ def test_a_worker_listens_on_every_interface_whatever_its_address():
 
 
 TAKEN = """
-from yolo3 import distribute
+from yolo3.distributed import strategy as distribute
 try:
     distribute.make_strategy(gpus=0)
 except distribute.WorkerPortError as error:

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 from helpers import random_boxes, tiny_model
 
-from yolo3.layers import SyncBatchNormalization
-from yolo3.model import BN_EPSILON
+from yolo3.model.layers import SyncBatchNormalization
+from yolo3.model.network import BN_EPSILON
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 STEP_SCRIPT = Path(__file__).with_name("sync_bn_step.py")

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, random_boxes
 
-from yolo3.resources import default_anchor_masks, read_anchors
-from yolo3.targets import build_targets
+from yolo3.model.resources import default_anchor_masks, read_anchors
+from yolo3.model.targets import build_targets
 
 YOLO_ANCHORS = read_anchors("model_data/yolo_anchors.txt")
 

@@ -13,10 +13,11 @@ from record_sets import make_examples, write_record_set
 from tensorboard.backend.event_processing import event_accumulator
 from train_helpers import SIZE, train_args, write_anchors
 
-from yolo3 import training, validate
 from yolo3.callbacks.evaluation import class_tags
 from yolo3.commands import train
-from yolo3.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
+from yolo3.engine import training
+from yolo3.evaluation import validate
+from yolo3.evaluation.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
 
 # Class names TensorBoard tags cannot hold as they are; the examples use the first two only.
 CLASSES = ("traffic light", "cat/dog", "never seen")

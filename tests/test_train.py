@@ -8,13 +8,13 @@ import pytest
 from helpers import SMALL_ANCHORS
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-from yolo3 import records as yolo_records
-from yolo3 import training
 from yolo3.callbacks import StopOnNonFinite, read_training_state
+from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.commands import train
-from yolo3.model import tiny_yolo_body
-from yolo3.resources import read_anchors
-from yolo3.weights import load_weights, read_metadata, save_weights
+from yolo3.data import records as yolo_records
+from yolo3.engine import training
+from yolo3.model.network import tiny_yolo_body
+from yolo3.model.resources import read_anchors
 
 
 @pytest.fixture(scope="module")

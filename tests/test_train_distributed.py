@@ -25,9 +25,9 @@ from train_helpers import (
 )
 from train_worker import probe_images
 
-from yolo3.model import tiny_yolo_body
-from yolo3.multiscale import ScaleSchedule
-from yolo3.weights import load_weights, read_metadata, save_weights
+from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
+from yolo3.data.multiscale import ScaleSchedule
+from yolo3.model.network import tiny_yolo_body
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("train_worker.py")

@@ -13,13 +13,13 @@ import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_loss, numpy_targets, random_boxes, tiny_model
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
-from yolo3 import training
 from yolo3.callbacks import Throughput
+from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
-from yolo3.loss import yolo_loss
-from yolo3.targets import build_targets
-from yolo3.trainer import YoloTrainer
-from yolo3.weights import load_weights
+from yolo3.engine import training
+from yolo3.engine.trainer import YoloTrainer
+from yolo3.model.loss import yolo_loss
+from yolo3.model.targets import build_targets
 
 NUM_CLASSES = 2
 

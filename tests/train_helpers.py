@@ -6,7 +6,7 @@ import numpy as np
 from helpers import SMALL_ANCHORS
 from record_sets import make_examples, write_record_set
 
-from yolo3.weights import read_metadata
+from yolo3.checkpoint.weights import read_metadata
 
 SIZE = 64
 

@@ -34,7 +34,7 @@ def _snapshot_after_epoch(epoch, log_dir, folder):
 
     import keras
 
-    from yolo3.trainer import YoloTrainer
+    from yolo3.engine.trainer import YoloTrainer
 
     class Snapshot(keras.callbacks.Callback):
         def on_epoch_end(self, index, logs=None):
@@ -57,8 +57,9 @@ def main():
     dump_dir, rest = sys.argv[1], sys.argv[2:]
     if rest[:1] == ["--"]:
         rest = rest[1:]
-    from yolo3 import records, training
     from yolo3.commands import train
+    from yolo3.data import records
+    from yolo3.engine import training
 
     config = train.config_from_args(train.build_parser().parse_args(rest))
     training.configure(config)

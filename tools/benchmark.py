@@ -85,7 +85,7 @@ def _log(text):
 
 def _run_io(args):
     from benchmarks.io_pipeline import IOConfig, format_io, run_io  # noqa: PLC0415
-    from yolo3.resources import read_anchors  # noqa: PLC0415
+    from yolo3.model.resources import read_anchors  # noqa: PLC0415
 
     config = IOConfig(
         anchors=tuple(map(tuple, read_anchors(args.anchors).tolist())),
@@ -157,7 +157,7 @@ def _default_anchors(model):
 def _step_config(args, **extra):
     """The :class:`benchmarks.train_step.TrainStepConfig` of the shared model flags."""
     from benchmarks.train_step import TrainStepConfig  # noqa: PLC0415
-    from yolo3.resources import read_anchors  # noqa: PLC0415
+    from yolo3.model.resources import read_anchors  # noqa: PLC0415
 
     anchors = read_anchors(args.anchors or _default_anchors(args.model_type))
     return TrainStepConfig(
@@ -182,7 +182,7 @@ def _run_train(args):
         format_train,
         run_train,
     )
-    from yolo3.devices import describe_gpus  # noqa: PLC0415
+    from yolo3.distributed.devices import describe_gpus  # noqa: PLC0415
 
     config = _step_config(
         args,
@@ -197,7 +197,7 @@ def _run_train(args):
 
 
 def _add_model_flags(parser, *, input_size, steps, warmup_steps, repeats):
-    from yolo3.model import MODEL_TYPES  # noqa: PLC0415
+    from yolo3.model.network import MODEL_TYPES  # noqa: PLC0415
 
     add_model_type_argument(parser, default="tiny", help="the network to measure")
     # --model: the spelling of earlier releases, kept working for a release, out of --help.
@@ -267,7 +267,7 @@ def _add_train(subparsers):
         "--peak-tflops",
         type=float,
         help="the device's peak TFLOP/s, for the MFU of every row (default: the GPU's data "
-        "sheet figure where yolo3.devices knows it; no MFU on the CPU)",
+        "sheet figure where yolo3.distributed.devices knows it; no MFU on the CPU)",
     )
     parser.set_defaults(handler=_run_train)
 
@@ -341,7 +341,7 @@ def _link_rate(text):
 
 
 def _setting(text):
-    from yolo3.communication import check_allreduce_dtype  # noqa: PLC0415
+    from yolo3.comm.allreduce import check_allreduce_dtype  # noqa: PLC0415
 
     accumulate, _, rest = text.partition(":")
     dtype, _, method = rest.partition(":")
@@ -399,7 +399,7 @@ def _add_detect(subparsers):
         description="detect() end to end (letterbox, network, decode, NMS) on Keras, each "
         "exported artifact and OpenCV dnn on the same weights in Darknet format.",
     )
-    from yolo3.model import MODEL_TYPES  # noqa: PLC0415
+    from yolo3.model.network import MODEL_TYPES  # noqa: PLC0415
 
     parser.add_argument("--model-types", nargs="+", choices=MODEL_TYPES, default=["tiny", "yolov3"])
     # --models: the spelling of earlier releases, kept working for a release, out of --help.

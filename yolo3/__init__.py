@@ -1,9 +1,52 @@
 """YOLOv3 and tiny-YOLOv3 on Keras 3 and TensorFlow, trained on one or many GPUs and machines.
 
-The modules users import: ``yolo3.model`` (the networks), ``yolo3.detect`` (``Detector``),
-``yolo3.runtime`` (``load_detector`` for any saved detector), ``yolo3.training`` (a run from
-a ``TrainConfig``), ``yolo3.records`` and ``yolo3.evaluate``. The command line is ``yolo3``
-(``yolo3.commands``). Importing this package starts no TensorFlow.
+The package by concern:
+
+- ``yolo3.model``: the networks, loss, targets, anchors and class files;
+- ``yolo3.data``: annotations, images, augmentation, offline record shards, the input pipeline;
+- ``yolo3.checkpoint``: weights files and their metadata, keras-yolo3 and Darknet files;
+- ``yolo3.engine``: a training run (``TrainConfig``, ``run``) and its Keras step;
+- ``yolo3.comm``: how replicas exchange gradients (all-reduce, PowerSGD, local steps);
+- ``yolo3.distributed``: devices, strategies, several machines;
+- ``yolo3.evaluation``: mAP (VOC, COCO), reports and galleries;
+- ``yolo3.inference``: ``Detector``, export, ``load_detector`` for every saved form;
+- ``yolo3.commands``: the ``yolo3`` command line; ``yolo3.callbacks``: the training callbacks.
+
+The names most programs start from are importable from here: :func:`build_model`,
+:class:`Detector`, :func:`load_detector`, :func:`export_detector`, :class:`TrainConfig`,
+:func:`train` (``yolo3.engine.training.run``), :func:`open_record_set` and
+:func:`evaluate_detector`. Importing this package starts no TensorFlow; each is imported on
+first use.
 """
 
+from yolo3 import _moved
+
 __version__ = "0.1.0"
+
+# Public name -> (module, name there), imported on first use.
+_EXPORTS = {
+    "build_model": ("yolo3.model.network", "build_model"),
+    "Detector": ("yolo3.inference.detect", "Detector"),
+    "load_detector": ("yolo3.inference.runtime", "load_detector"),
+    "export_detector": ("yolo3.inference.export", "export_detector"),
+    "TrainConfig": ("yolo3.engine.training", "TrainConfig"),
+    "train": ("yolo3.engine.training", "run"),
+    "open_record_set": ("yolo3.data.records", "open_record_set"),
+    "evaluate_detector": ("yolo3.evaluation.validate", "evaluate_detector"),
+}
+__all__ = ["__version__", *_EXPORTS]
+
+_moved.install()
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'yolo3' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    module, attribute = _EXPORTS[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

@@ -130,10 +130,10 @@ output_file = argument_type(_output_file)
 
 def add_detector_arguments(parser):
     """The options of the tools that run a detector on weights from any source:
-    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.detect.Detector`), and
+    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.inference.detect.Detector`), and
     ``--device``."""
-    from yolo3.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
-    from yolo3.resources import parse_anchor_masks  # noqa: PLC0415
+    from yolo3.data.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
+    from yolo3.model.resources import parse_anchor_masks  # noqa: PLC0415
 
     parser.add_argument(
         "--anchor-masks",
@@ -191,16 +191,16 @@ def use_device(device, engine="keras"):
 
 def add_model_type_argument(parser, *, default=None, help="default: from the anchor count"):
     """``--model-type``, the architecture, of every tool that takes one."""
-    from yolo3.model import MODEL_TYPES  # noqa: PLC0415 - the skeleton itself stays light
+    from yolo3.model.network import MODEL_TYPES  # noqa: PLC0415 - the skeleton itself stays light
 
     return parser.add_argument("--model-type", choices=MODEL_TYPES, default=default, help=help)
 
 
 def detector_engine(path):
     """What ``path`` (a ``--weights`` value) holds: ``"keras"`` for a weights file, else the
-    exported artifact's engine (:func:`yolo3.export.artifact_engine`); ValueError naming the
-    flag for a path that holds no detector."""
-    from yolo3.export import artifact_engine  # noqa: PLC0415 - imports TensorFlow
+    exported artifact's engine (:func:`yolo3.inference.export.artifact_engine`); ValueError naming
+    the flag for a path that holds no detector."""
+    from yolo3.inference.export import artifact_engine  # noqa: PLC0415 - imports TensorFlow
 
     try:
         return artifact_engine(path)
@@ -209,7 +209,7 @@ def detector_engine(path):
 
 
 # The flags that describe the detector a weights file holds, as argparse names them, and the
-# keyword of yolo3.detector_spec.spec_for_weights (and load_detector) each one feeds. An
+# keyword of yolo3.inference.detector_spec.spec_for_weights (and load_detector) each one feeds. An
 # exported artifact fixes all of them: yolo3 detect and yolo3 evaluate refuse them there.
 WEIGHTS_FLAGS = {
     "classes": "classes_path",

@@ -19,8 +19,8 @@ import math
 import sys
 
 from yolo3 import fileio
-from yolo3.annotations import format_line, relative_image_path, write_annotations
 from yolo3.cli import ArgumentParser, run_main
+from yolo3.data.annotations import format_line, relative_image_path, write_annotations
 
 
 def build_parser():

@@ -2,9 +2,9 @@
 
 Darknet -> Keras: ``yolo3 convert yolov3.cfg yolov3.weights out``. ``out`` ending
 in ``.weights.h5`` gets the weights with their metadata (model type, classes, anchors), for
-``yolo3.weights.load_weights``; ``.keras`` gets a full model for ``keras.saving.load_model``.
-``-w`` writes weights whatever the suffix, turning ``x.h5`` (the original keras-yolo3 name)
-into ``x.weights.h5``.
+``yolo3.checkpoint.weights.load_weights``; ``.keras`` gets a full model for
+``keras.saving.load_model``. ``-w`` writes weights whatever the suffix, turning ``x.h5`` (the
+original keras-yolo3 name) into ``x.weights.h5``.
 
 Keras -> Darknet: ``yolo3 convert --to-darknet model.weights.h5 out.cfg out.weights``
 writes a YOLOv3 / tiny-YOLOv3 model trained here as a cfg + weights pair that Darknet and
@@ -24,8 +24,8 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3 import darknet, darknet_writer
-from yolo3 import weights as yolo_weights
+from yolo3.checkpoint import darknet, darknet_writer
+from yolo3.checkpoint import weights as yolo_weights
 from yolo3.cli import (
     ArgumentParser,
     add_model_type_argument,
@@ -33,8 +33,8 @@ from yolo3.cli import (
     output_file,
     run_main,
 )
-from yolo3.model import MODEL_TYPES, build_model
-from yolo3.resources import (
+from yolo3.model.network import MODEL_TYPES, build_model
+from yolo3.model.resources import (
     DARKNET_INPUT_SIZE,
     default_anchor_masks,
     model_type_for_anchors,

@@ -43,10 +43,10 @@ from yolo3.cli import (
     use_device,
     weights_settings,
 )
-from yolo3.detect import draw_detections
-from yolo3.image import load_rgb
-from yolo3.resources import DARKNET_INPUT_SIZE, model_data_file, shipped_anchors
-from yolo3.runtime import load_detector
+from yolo3.data.image import load_rgb
+from yolo3.inference.detect import draw_detections
+from yolo3.inference.runtime import load_detector
+from yolo3.model.resources import DARKNET_INPUT_SIZE, model_data_file, shipped_anchors
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv"}

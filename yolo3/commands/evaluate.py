@@ -47,7 +47,8 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3 import fileio, records, validate
+from yolo3 import fileio
+from yolo3.checkpoint.weights import read_metadata
 from yolo3.cli import (
     ArgumentParser,
     add_detector_arguments,
@@ -61,12 +62,13 @@ from yolo3.cli import (
     use_device,
     weights_settings,
 )
-from yolo3.detector_spec import load_keras_model, spec_for_weights
+from yolo3.data import records
+from yolo3.evaluation import validate
 from yolo3.fileio import atomic_write
+from yolo3.inference.detector_spec import load_keras_model, spec_for_weights
+from yolo3.inference.runtime import load_detector
+from yolo3.model.resources import DARKNET_INPUT_SIZE
 from yolo3.progress import counter
-from yolo3.resources import DARKNET_INPUT_SIZE
-from yolo3.runtime import load_detector
-from yolo3.weights import read_metadata
 
 
 def build_parser():
@@ -123,8 +125,8 @@ def build_parser():
 
 
 def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None, log=print):
-    """The :class:`yolo3.detector_spec.DetectorSpec` that ``weights`` are scored with: each
-    flag when given, else what the source fixes (``class_names``, ``input_size``: a record
+    """The :class:`yolo3.inference.detector_spec.DetectorSpec` that ``weights`` are scored with:
+    each flag when given, else what the source fixes (``class_names``, ``input_size``: a record
     set's), else the weights' metadata, else 416 px (said through ``log``)."""
     settings = weights_settings(args)
     settings.update(
@@ -171,7 +173,7 @@ def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
 
 
 def _evaluation_options(args, bar):
-    """The keyword arguments of :func:`yolo3.validate.evaluate_detector` the flags set;
+    """The keyword arguments of :func:`yolo3.evaluation.validate.evaluate_detector` the flags set;
     ``bar`` (from :func:`_detecting`) counts the images done."""
     return {
         "split": args.split,
@@ -266,7 +268,7 @@ def single(args):
 
 def coco_json(args, log=print):
     """``--coco-json``: detection on the original images, scored by pycocotools."""
-    from yolo3 import evaluate  # noqa: PLC0415
+    from yolo3.evaluation import metrics as evaluate  # noqa: PLC0415
 
     if not args.images:
         raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
@@ -316,7 +318,7 @@ def watch(args, log=print):
     """Evaluates every new epoch of a run until its last one (see the module docstring)."""
     import tensorflow as tf  # noqa: PLC0415
 
-    from yolo3.training import read_config  # noqa: PLC0415
+    from yolo3.engine.training import read_config  # noqa: PLC0415
 
     use_device(args.device)
     log_dir = args.watch

@@ -4,12 +4,12 @@
     yolo3 export --weights run/last.weights.h5 --format tflite --output model.tflite \\
         --quantize int8 --calibration records/
 
-The artifact is a whole detector (see :mod:`yolo3.export`): uint8 images at the input size
+The artifact is a whole detector (see :mod:`yolo3.inference.export`): uint8 images at the input size
 and their original sizes in, boxes in original pixels out, with the score and IoU
 thresholds and the detection cap fixed now and recorded in its metadata. Classes, anchors,
 masks and input size come from the weights file's metadata, or from the flags. Run any
 artifact with ``yolo3 detect --weights PATH`` (``yolo3 evaluate --weights PATH`` scores
-it) or :func:`yolo3.runtime.load_detector`.
+it) or :func:`yolo3.inference.runtime.load_detector`.
 Exit status 0 on success, 2 on bad flags or inputs.
 """
 
@@ -34,7 +34,7 @@ FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
 
 def build_parser():
-    from yolo3.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
+    from yolo3.inference.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
 
     parser = ArgumentParser(description="Export weights as a SavedModel, ONNX or TFLite detector.")
     parser.add_argument("--weights", required=True, help="a .weights.h5 file")
@@ -91,8 +91,8 @@ def _check_args(parser, args):
 
 
 def _export(args):
-    from yolo3.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
-    from yolo3.export import calibration_images, export_detector  # noqa: PLC0415
+    from yolo3.inference.detector_spec import load_keras_model, spec_for_weights  # noqa: PLC0415
+    from yolo3.inference.export import calibration_images, export_detector  # noqa: PLC0415
 
     use_device(args.device)
     spec = spec_for_weights(
@@ -123,7 +123,7 @@ def _export(args):
     if metadata["outputs"] == "candidates":
         print(
             "TFLite's builtin operators hold no class-wise NMS: the file ends with every "
-            "candidate box, and yolo3.runtime applies the NMS"
+            "candidate box, and yolo3.inference.runtime applies the NMS"
         )
     return 0
 

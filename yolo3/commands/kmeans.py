@@ -13,10 +13,10 @@ Unreadable images are skipped and counted.
 import collections
 import sys
 
-from yolo3 import kmeans
-from yolo3.annotations import parse_annotation_files, write_annotations
 from yolo3.cli import ArgumentParser, fail, output_file, run_main
-from yolo3.resources import parse_anchors, read_anchors, shipped_anchors
+from yolo3.data import kmeans
+from yolo3.data.annotations import parse_annotation_files, write_annotations
+from yolo3.model.resources import parse_anchors, read_anchors, shipped_anchors
 
 DEFAULT_ANCHORS = {
     9: shipped_anchors("yolov3"),

@@ -18,9 +18,9 @@ import argparse
 import sys
 import time
 
-from yolo3 import synthetic
 from yolo3.cli import ArgumentParser, run_main
-from yolo3.resources import parse_size
+from yolo3.data import synthetic
+from yolo3.model.resources import parse_size
 
 
 def _size(text):

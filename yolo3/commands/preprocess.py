@@ -22,8 +22,6 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3 import preprocess
-from yolo3.augment import AugmentConfig
 from yolo3.cli import (
     ArgumentParser,
     add_progress_arguments,
@@ -33,7 +31,9 @@ from yolo3.cli import (
     progress_setting,
     run_main,
 )
-from yolo3.resources import parse_size, read_classes
+from yolo3.data import preprocess
+from yolo3.data.augment import AugmentConfig
+from yolo3.model.resources import parse_size, read_classes
 
 
 def _available_cores():
@@ -117,7 +117,7 @@ def build_parser():
 
 
 def _verify(directory):
-    from yolo3 import records  # noqa: PLC0415 - imports TensorFlow
+    from yolo3.data import records  # noqa: PLC0415 - imports TensorFlow
 
     problems, counts = records.verify(directory)
     for problem in problems:

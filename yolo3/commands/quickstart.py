@@ -39,12 +39,12 @@ def tour(args):
     """Trains on generated shapes with a hand-written loop, then detects on held-out ones."""
     import tensorflow as tf
 
-    from yolo3.detect import Detector
-    from yolo3.loss import LOSS_TERMS, replica_loss, yolo_loss
-    from yolo3.model import build_model
-    from yolo3.resources import read_anchors, shipped_anchors
-    from yolo3.synthetic import CLASS_NAMES, make_dataset
-    from yolo3.targets import build_targets
+    from yolo3.data.synthetic import CLASS_NAMES, make_dataset
+    from yolo3.inference.detect import Detector
+    from yolo3.model.loss import LOSS_TERMS, replica_loss, yolo_loss
+    from yolo3.model.network import build_model
+    from yolo3.model.resources import read_anchors, shipped_anchors
+    from yolo3.model.targets import build_targets
 
     tf.keras.utils.set_random_seed(args.seed)
     size, num_classes = args.input_size, len(CLASS_NAMES)

@@ -23,7 +23,6 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
-from yolo3 import training
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.cli import (
     KNOWN_ERRORS,
@@ -35,7 +34,8 @@ from yolo3.cli import (
     progress_setting,
     run_main,
 )
-from yolo3.model import MODEL_TYPES
+from yolo3.engine import training
+from yolo3.model.network import MODEL_TYPES
 
 
 def _on_off(text):

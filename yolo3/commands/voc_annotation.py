@@ -21,9 +21,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 from yolo3 import fileio
-from yolo3.annotations import format_line, relative_image_path, write_annotations
 from yolo3.cli import ArgumentParser, fail, run_main
-from yolo3.resources import model_data_file, read_classes
+from yolo3.data.annotations import format_line, relative_image_path, write_annotations
+from yolo3.model.resources import model_data_file, read_classes
 
 # What happens to objects marked difficult (see the module docstring).
 DIFFICULT_MODES = ("flag", "skip", "include")
@@ -103,7 +103,7 @@ def convert(devkit, sets, class_names, output, *, difficult="flag"):
     ``difficult`` is one of :data:`DIFFICULT_MODES` (see the module docstring).
 
     Returns:
-        ``(lines, counts, problems)``: lines for :func:`yolo3.annotations.write_annotations`;
+        ``(lines, counts, problems)``: lines for :func:`yolo3.data.annotations.write_annotations`;
         a Counter with ``images``, ``boxes``, ``boxes/<class>``, ``background_images`` and
         ``skipped/<reason>``; a list of messages about missing or unreadable XML files.
     """

@@ -1,0 +1,199 @@
+"""Saving and loading model weights by layer name, with metadata and clear mismatch errors.
+
+Files written here are ordinary Keras 3 ``.weights.h5`` files (``model.load_weights`` reads
+them) plus a JSON ``yolo3`` attribute on the root group recording what the weights are for:
+``{"model_type": "yolov3", "num_classes": 80, "num_anchors": 3, ...}``. Loading matches
+layers by their explicit names (``conv_12``, ``bn_12``) instead of by position, so a file
+from any model built by :mod:`yolo3.model.network` loads into any other with the same layer names.
+
+Original keras-yolo3 files (Keras 2 HDF5) are read by :mod:`yolo3.checkpoint.legacy`.
+"""
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from yolo3.fileio import atomic_write
+
+METADATA_KEY = "yolo3"
+
+
+def save_weights(model, path, metadata=None):
+    """Writes ``model``'s weights to ``path`` (``*.weights.h5``) atomically, with metadata."""
+    if not path.endswith(".weights.h5"):
+        raise ValueError(f"weights path {path} must end with .weights.h5")
+    with atomic_write(path) as temp:
+        model.save_weights(temp)
+        with h5py.File(temp, "a") as f:
+            f.attrs[METADATA_KEY] = json.dumps(metadata or {}, sort_keys=True)
+
+
+def read_metadata(path):
+    """The metadata dict written by :func:`save_weights`, or None if the file has none."""
+    with _open_h5(path) as f:
+        raw = f.attrs.get(METADATA_KEY)
+    return json.loads(raw) if raw is not None else None
+
+
+def read_named_arrays(path):
+    """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file.
+
+    None when the file has no ``layers`` group; ValueError when it is not HDF5.
+    """
+    arrays = {}
+    with _open_h5(path) as f:
+        if "layers" not in f:
+            return None
+
+        def visit(name, obj):
+            if isinstance(obj, h5py.Group) and name.endswith("/vars") and "name" in obj.attrs:
+                keys = sorted(obj.keys(), key=int)
+                arrays[str(obj.attrs["name"])] = [np.asarray(obj[k]) for k in keys]
+
+        f["layers"].visititems(visit)
+    return arrays
+
+
+def is_keras2_file(path):
+    with _open_h5(path) as f:
+        return "layer_names" in f.attrs or "model_weights" in f
+
+
+def _open_h5(path):
+    try:
+        return h5py.File(path, "r")
+    except OSError:
+        raise ValueError(
+            f"{path} is not a Keras weights file (HDF5); convert Darknet .weights files with "
+            "yolo3 convert first"
+        ) from None
+
+
+def check_num_classes(path, num_classes, source=None):
+    """Raises if ``path`` records a class count other than ``num_classes``."""
+    metadata = read_metadata(path) if path.endswith(".h5") else None
+    found = (metadata or {}).get("num_classes")
+    if found is not None and num_classes is not None and found != num_classes:
+        where = f" ({source})" if source else ""
+        raise ValueError(
+            f"weights {path} were trained for {found} classes, but the model has "
+            f"{num_classes} classes{where}; use the classes file the weights were trained with"
+        )
+
+
+def stored_anchor_masks(path, model_type):
+    """The anchor masks the weights in ``path`` were trained with, where the file tells.
+
+    Our files record them in their metadata (``anchor_masks``); a Keras 2 file of the
+    original keras-yolo3 implies that project's masks (its tiny-YOLOv3 differs from
+    Darknet's, see :mod:`yolo3.checkpoint.legacy`). None otherwise: the defaults for the anchor
+    count.
+    """
+    if not path.endswith(".h5") or not os.path.exists(path):
+        return None
+    masks = (read_metadata(path) or {}).get("anchor_masks")
+    if masks:
+        return tuple(tuple(int(index) for index in mask) for mask in masks)
+    if is_keras2_file(path):
+        from yolo3.checkpoint.legacy import ORIGINAL_ANCHOR_MASKS
+
+        return ORIGINAL_ANCHOR_MASKS[model_type]
+    return None
+
+
+def stored_resampling(path):
+    """``"darknet"`` for weights converted from Darknet (they reproduce Darknet's detections
+    with its own letterbox resize), else ``"bicubic"``, what training here resamples with."""
+    if path.endswith(".h5") and os.path.exists(path):
+        source = (read_metadata(path) or {}).get("source") or ""
+        if source.startswith("darknet:"):
+            return "darknet"
+    return "bicubic"
+
+
+def load_weights(model, path, *, skip_mismatch=False):
+    """Loads weights into ``model`` by layer name.
+
+    Accepts our ``.weights.h5`` files, Keras 2 HDF5 files from the original keras-yolo3
+    (read in creation order, see :mod:`yolo3.checkpoint.legacy`) and ``.keras`` archives.
+
+    Returns:
+        A report dict: ``loaded`` (layer names), ``skipped`` (``(name, reason)`` pairs, only
+        when ``skip_mismatch``) and ``missing`` (model layers with weights the file lacks).
+
+    Raises:
+        FileNotFoundError, or ValueError naming the layer and both shapes on a mismatch.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.endswith(".keras"):
+        import keras
+
+        source = keras.saving.load_model(path, compile=False, safe_mode=True)
+        arrays = {layer.name: layer.get_weights() for layer in source.layers if layer.weights}
+    elif is_keras2_file(path):
+        from yolo3.checkpoint import legacy
+
+        return legacy.load_keras2_weights(model, path, skip_mismatch=skip_mismatch)
+    else:
+        arrays = read_named_arrays(path)
+        if arrays is None:
+            raise ValueError(f"{path} is not a Keras weights file (no 'layers' group)")
+        from yolo3.model.network import model_type_of  # noqa: PLC0415
+
+        check_model_type(model_type_of(model), path)
+    return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
+
+
+def check_model_type(model_type, path):
+    """ValueError naming both when ``path`` records weights of the detector type other than
+    ``model_type``.
+
+    A darknet53 backbone loads into YOLOv3 (its first 52 layers); YOLOv3 and tiny share
+    layer names but not their meaning, so a partial load of one into the other is refused.
+    """
+    from yolo3.model.network import MODEL_TYPES  # noqa: PLC0415
+
+    if path.endswith(".keras") or not os.path.exists(path):
+        return  # a .keras archive records its own architecture; a missing file fails later
+    recorded = (read_metadata(path) or {}).get("model_type")
+    if recorded in MODEL_TYPES and model_type in MODEL_TYPES and recorded != model_type:
+        raise ValueError(
+            f"weights {path} are for a {recorded} model, not {model_type}: use model type "
+            f"{recorded}, or weights of a {model_type} model"
+        )
+
+
+def assign_by_name(model, arrays, source, *, skip_mismatch=False):
+    """Sets each layer of ``model`` from ``arrays[layer.name]`` after checking shapes."""
+    report = {"loaded": [], "skipped": [], "missing": []}
+    pending = []
+    for layer in model.layers:
+        if not layer.weights:
+            continue
+        values = arrays.get(layer.name)
+        if values is None:
+            report["missing"].append(layer.name)
+            continue
+        expected = [tuple(w.shape) for w in layer.weights]
+        found = [tuple(v.shape) for v in values]
+        if expected != found:
+            reason = f"layer {layer.name}: file has shapes {found}, model expects {expected}"
+            if not skip_mismatch:
+                raise ValueError(f"{source}: {reason}")
+            report["skipped"].append((layer.name, reason))
+            continue
+        pending.append((layer, values))
+    if not pending:
+        raise ValueError(f"{source}: no layer of the file matches a layer of {model.name}")
+    if report["missing"] and not skip_mismatch:
+        raise ValueError(
+            f"{source}: the file has no weights for {len(report['missing'])} layers of "
+            f"{model.name} (first: {report['missing'][:3]})"
+        )
+    for layer, values in pending:
+        layer.set_weights(values)
+        report["loaded"].append(layer.name)
+    return report

@@ -1,0 +1,456 @@
+"""Local steps: each replica trains alone for H optimizer steps, then they average.
+
+On a slow link even a compressed gradient all-reduce costs every step. With local steps the
+replicas exchange nothing while they train: each applies its own gradient (the optimizer's
+all-reduce is replaced by :func:`local_reducer`), and every ``H`` optimizer steps they
+synchronise: each all-reduces the change of its weights since the last synchronisation
+(``delta = anchor - weights``, sent in ``--allreduce-dtype``), and all apply one *outer
+step* to the anchor with the mean change ``D``, as DiLoCo (Douillard et al., "DiLoCo:
+Distributed Low-Communication Training of Language Models", 2023):
+
+- plain averaging (``outer_lr=1``, ``outer_momentum=0``): ``weights = anchor - D``, the
+  mean of the replicas' weights;
+- Nesterov momentum ``mu`` and learning rate ``lr``: ``buffer = mu * buffer + D``, then
+  ``weights = anchor - lr * (D + mu * buffer)``.
+
+Batch-norm moving statistics (and any other non-trainable weight) are averaged, with no
+outer step. The inner optimizer's state (momentum, Adam's moments) stays each replica's own
+between synchronisations, as in DiLoCo.
+
+The synchronisation is a compiled function of its own, called between train steps by
+:class:`yolo3.callbacks.LocalSync` (a collective cannot sit in a conditional branch of the
+step). That callback also synchronises at every epoch end and before every backup or
+checkpoint, and there additionally averages the inner optimizer's state (a *full*
+synchronisation, in float32): every saved state is then one state shared by all replicas,
+the ``H``-step count restarts from it, and a run resumed from it continues as the
+uninterrupted run did.
+
+With ``overlap`` (``--overlap-sync T``) no synchronisation waits for the link. At the end
+of each period of ``H`` steps each replica's weight change (``delta_i``) goes out, and it
+travels during the first ``T`` steps of the next period, one ``1/T`` chunk in each train
+step, beside the step's computation (a collective with no data dependency on it, so the
+link works while the processor does; the steps after the ``T``-th send an empty chunk: the
+collective stays, as every step must hold the same ones). After the ``T``-th step the mean
+``D`` has arrived: the outer step moves the anchor with it, and each replica goes on from
+the new anchor plus its own steps since the change went out. Every change is applied once,
+``T`` steps late, as in overlapping local SGD (CO2, Sun et al., ICLR 2024; Streaming
+DiLoCo, Douillard et al., 2025). A full synchronisation completes whatever is in flight and
+leaves every replica at the same weights with nothing in flight, as without overlap.
+
+State (:class:`LocalStepsState`, a layer saved with the trainer): the anchors (the weights
+at the last synchronisation; not saved, since every save is a synchronisation) and the
+outer momentum buffers, and with ``overlap`` the change in flight (``sent``, this
+replica's), its mean as far as it has arrived (``received``) and the chunk the next step
+sends (``position``) (none of these saved either: every save is a full synchronisation,
+after which nothing is in flight). All are ``ON_READ`` variables: each replica assigns its
+own copy; the anchors, buffers and ``received`` hold the same values on every replica,
+computed from all-reduced numbers.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
+
+
+def check_local_steps(local_steps, outer_lr=1.0, outer_momentum=0.0, *, overlap=False):
+    """Raises ValueError naming the flag when ``--local-steps``, ``--outer-lr``,
+    ``--outer-momentum`` or ``--overlap-sync`` is unusable; returns the first three as int,
+    float, float."""
+    if local_steps is None:
+        if outer_lr != 1.0 or outer_momentum != 0.0:
+            raise ValueError(
+                "--outer-lr and --outer-momentum set the outer step of --local-steps: pass "
+                "--local-steps H too"
+            )
+        if overlap:
+            raise ValueError(
+                "--overlap-sync sends the weight changes of --local-steps during the steps: "
+                "pass --local-steps H too"
+            )
+        return None, 1.0, 0.0
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(
+            f"--local-steps {local_steps}: use a whole number of optimizer steps >= 1 "
+            "between synchronisations"
+        )
+    if not outer_lr > 0:
+        raise ValueError(f"--outer-lr {outer_lr}: use a number > 0 (1 with plain averaging)")
+    if not 0 <= outer_momentum < 1:
+        raise ValueError(f"--outer-momentum {outer_momentum}: use a number in [0, 1)")
+    return int(local_steps), float(outer_lr), float(outer_momentum)
+
+
+def sync_bytes(variables, dtype="float32"):
+    """Bytes one replica's synchronisation all-reduces: every float variable in ``dtype``."""
+    elements = sum(int(np.prod(v.shape)) for v in variables if _is_float(v))
+    return elements * BYTES_PER_ELEMENT[dtype]
+
+
+def local_reducer(grads_and_vars):
+    """Keras's ``_all_reduce_sum_gradients`` without the all-reduce: each replica's own
+    local mean gradient. Keras scaled each replica's loss by ``1 / replicas`` for a sum
+    over replicas; that scale is undone here."""
+    context = tf.distribute.get_replica_context()
+    replicas = 1 if context is None else context.num_replicas_in_sync
+    return [
+        (None if grad is None else grad * tf.cast(replicas, grad.dtype), var)
+        for grad, var in grads_and_vars
+    ]
+
+
+def install_local_reducer(optimizer):
+    """Makes ``optimizer`` (a Keras 3 TensorFlow optimizer, or the inner one of a loss-scale
+    optimizer) apply each replica's own gradient to that replica's copy of the weights."""
+    target = getattr(optimizer, "inner_optimizer", optimizer)
+    target._all_reduce_sum_gradients = local_reducer
+    return optimizer
+
+
+def _is_float(variable):
+    return tf.as_dtype(variable.dtype).is_floating
+
+
+def _tensor(variable):
+    """This replica's copy of ``variable`` as a tensor on its device."""
+    return tf.identity(_distributed(variable))
+
+
+def _distributed(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+class LocalStepsState(keras.layers.Layer):
+    """Anchors and outer momentum buffers for ``weights``; saved with the trainer.
+
+    Build it under the strategy's scope, in the same order on every worker, after the
+    weights hold their starting values.
+
+    Args:
+        weights: the model's weights (float ones are synchronised; the rest are left alone).
+        local_steps: ``H``, optimizer steps between synchronisations.
+        outer_lr, outer_momentum: the outer step (see the module's docstring).
+        allreduce_dtype: the dtype the weight changes travel in.
+    """
+
+    def __init__(
+        self,
+        weights,
+        local_steps,
+        *,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        allreduce_dtype="float32",
+        overlap=False,
+        name="local_steps",
+    ):
+        super().__init__(name=name, trainable=False)
+        self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
+            local_steps, outer_lr, outer_momentum, overlap=overlap
+        )
+        self.allreduce_dtype = allreduce_dtype
+        # overlap: True (the change travels during the whole next period) or T steps.
+        self.overlap_steps = None
+        if overlap:
+            self.overlap_steps = self.local_steps if overlap is True else int(overlap)
+            if not 1 <= self.overlap_steps <= self.local_steps:
+                raise ValueError(
+                    f"--overlap-sync {overlap}: use a number of steps from 1 to --local-steps "
+                    f"({self.local_steps})"
+                )
+        self.overlap = self.overlap_steps is not None
+        self.in_flight = False  # a change sent at the last period end, not yet applied
+        self.steps_since_sync = 0
+        self._weights_synced = [w for w in weights if _is_float(w)]
+        on_read = tf.VariableSynchronization.ON_READ
+        first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+
+        def per_replica(name, initial):
+            return tf.Variable(
+                initial,
+                trainable=False,
+                synchronization=on_read,
+                aggregation=first,
+                name=name,
+            )
+
+        anchors = tuple(
+            per_replica(f"anchor_{i}", tf.identity(_distributed(w).read_value()))
+            for i, w in enumerate(self._weights_synced)
+        )
+        buffers = ()
+        if self.outer_momentum > 0:
+            buffers = tuple(
+                per_replica(f"momentum_{i}", tf.zeros(w.shape, w.dtype))
+                for i, w in enumerate(self._weights_synced)
+            )
+        in_flight = ()
+        if self.overlap:
+            dtypes = {tf.as_dtype(w.dtype) for w in self._weights_synced}
+            if len(dtypes) != 1:
+                raise ValueError(
+                    f"--overlap-sync sends every weight in one buffer; this model's weights "
+                    f"have several dtypes ({sorted(d.name for d in dtypes)})"
+                )
+            self._sizes = [int(np.prod(w.shape)) for w in self._weights_synced]
+            # T rows: the chunk sent in each of the first T steps of a period; received
+            # has one more, which the steps after the T-th write their empty chunk to.
+            steps = self.overlap_steps
+            rows = (steps, math.ceil(sum(self._sizes) / steps))
+            dtype = dtypes.pop()
+            in_flight = (
+                per_replica("sent", tf.zeros(rows, dtype)),
+                per_replica("received", tf.zeros((steps + 1, rows[1]), dtype)),
+                per_replica("position", tf.fill((), steps)),  # T: nothing to send
+            )
+        # Kept in a tuple: plain tf.Variables that Keras does not collect as weights.
+        self._state = (anchors, buffers, in_flight)
+        self._functions = {}
+        self.built = True
+
+    @property
+    def anchors(self):
+        return self._state[0]
+
+    @property
+    def momentum_buffers(self):
+        return self._state[1]
+
+    # -- the synchronisation ------------------------------------------------------------
+
+    def step_done(self):
+        """Counts one optimizer step; True when ``H`` have passed since the last sync."""
+        self.steps_since_sync += 1
+        return self.steps_since_sync >= self.local_steps
+
+    def reset(self, strategy):
+        """Anchors from the current weights (identical on every replica, as after a
+        restore or at the start), nothing in flight; the step count restarts."""
+        self._function(strategy, "reset", ())()
+        self.steps_since_sync = 0
+        self.in_flight = False
+
+    def synchronize(self, strategy, optimizer_variables=()):
+        """All-reduces the weight changes and applies the outer step on every replica.
+
+        ``optimizer_variables`` (a full synchronisation): those of them that are float
+        tensors of rank >= 1 (the inner optimizer's slots) are averaged too, in float32;
+        with ``overlap``, the changes in flight arrive first, and every replica ends at the
+        same weights. Without them and with ``overlap``, nothing travels here: the previous
+        period's mean arrived during the steps (:meth:`exchange`). Every worker must call
+        it at the same step.
+        """
+        slots = tuple(v for v in optimizer_variables if _is_float(v) and len(v.shape) >= 1)
+        full = bool(optimizer_variables)
+        kind = "sync"
+        if self.overlap and full and self.in_flight:
+            kind = "full"  # what has not arrived is sent now, then this period's change
+        elif self.overlap and not full:
+            if self.in_flight:
+                raise RuntimeError("a change is still in flight: apply it (land) first")
+            kind = "send"
+        self._function(strategy, kind, slots)()
+        self.in_flight = kind == "send"
+        self.steps_since_sync = 0
+
+    def landing_due(self):
+        """True when the change sent at the last period end has all arrived (``overlap``)."""
+        return self.in_flight and self.steps_since_sync >= self.overlap_steps
+
+    def land(self, strategy):
+        """Applies the arrived mean change with the outer step; each replica keeps its own
+        steps since it was sent. Local: nothing travels."""
+        self._function(strategy, "land", ())()
+        self.in_flight = False
+
+    def trace(self, strategy):
+        """Traces the synchronisation that ends a period of ``H`` steps (and with
+        ``overlap`` the landing), without running it, so that its first call does not trace
+        it (a benchmark's timed window). Every worker must call it at the same point, as
+        the synchronisation."""
+        for kind in ("send", "land") if self.overlap else ("sync",):
+            self._function(strategy, kind, ()).get_concrete_function()
+
+    def exchange(self):
+        """One train step's share of the overlapped synchronisation (``overlap``): the
+        mean over replicas of the next chunk of the change in flight. Runs in replica
+        context, inside the train step; nothing in the step depends on it."""
+        steps = self.overlap_steps
+        position = tf.minimum(tf.identity(self.position), steps)
+        width = self.sent.shape[1]
+        # After the T-th step a one-element chunk, written to the spare row T: the
+        # collective stays (every step holds the same ones on every worker) and sends next
+        # to nothing. Not an empty one: TensorFlow's CPU collectives crash the process
+        # (segmentation fault) within a few hundred all-reduces of zero elements.
+        size = tf.where(position < steps, width, 1)
+        chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
+        (mean,) = self._mean([chunk])
+        mean = tf.pad(mean, [[0, width - size]])
+        # In place, one row (ON_READ variables have no scatter_update; in replica context
+        # their handle is this replica's own copy).
+        tf.raw_ops.ResourceScatterUpdate(
+            resource=self.received.handle, indices=position[None], updates=mean[None]
+        )
+        self.position.assign(position + 1)
+
+    def _function(self, strategy, kind, slots):
+        trainable = tuple(bool(w.trainable) for w in self._weights_synced)
+        key = (kind, trainable, tuple(id(v) for v in slots))
+        if key not in self._functions:
+            if kind == "reset":
+                replica_fn = self._replica_reset
+            elif kind == "send":
+                replica_fn = self._replica_send
+            elif kind in ("land", "full"):
+                replica_fn = lambda: self._replica_land(trainable, slots, full=kind == "full")  # noqa: E731
+            else:
+                replica_fn = lambda: self._replica_sync(trainable, slots)  # noqa: E731
+            targets = self._weights_synced + list(slots)
+
+            @tf.function
+            def function():
+                values = strategy.run(replica_fn)
+                if kind in ("reset", "send"):
+                    return
+                for variable, value in zip(targets, values):
+                    strategy.extended.update(
+                        _distributed(variable),
+                        lambda v, x: v.assign(x),
+                        args=(value,),
+                        group=False,
+                    )
+
+            self._functions[key] = function
+        return self._functions[key]
+
+    @property
+    def sent(self):
+        return self._state[2][0]
+
+    @property
+    def received(self):
+        return self._state[2][1]
+
+    @property
+    def position(self):
+        return self._state[2][2]
+
+    def _replica_reset(self):
+        for anchor, weight in zip(self.anchors, self._weights_synced):
+            anchor.assign(_tensor(weight))
+        if self.overlap:
+            self.position.assign(self.overlap_steps)  # nothing to send
+
+    def _mean(self, tensors, dtype=None):
+        """The mean over replicas of each of ``tensors``, sent in ``dtype``."""
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        totals = all_reduce_gradients(tensors, dtype or self.allreduce_dtype)
+        return [t / tf.cast(replicas, t.dtype) for t in totals]
+
+    def _outer_step(self, trainable, anchors, means):
+        """The anchors moved by the mean weight changes ``means`` (assigned, and returned)."""
+        new_anchors = []
+        for index, (anchor, mean) in enumerate(zip(anchors, means)):
+            if not trainable[index]:
+                value = anchor - mean  # batch-norm statistics: their mean
+            elif self.momentum_buffers:
+                buffer = self.momentum_buffers[index]
+                momentum = tf.constant(self.outer_momentum, mean.dtype)
+                velocity = momentum * tf.identity(buffer) + mean
+                buffer.assign(velocity)
+                value = anchor - tf.constant(self.outer_lr, mean.dtype) * (
+                    mean + momentum * velocity
+                )
+            else:  # outer_lr 1 (plain averaging): the mean of the replicas' weights
+                value = anchor - tf.constant(self.outer_lr, mean.dtype) * mean
+            self.anchors[index].assign(value)
+            new_anchors.append(value)
+        return new_anchors
+
+    def _averaged_slots(self, slots):
+        return self._mean([_tensor(s) for s in slots], "float32") if slots else []
+
+    def _replica_sync(self, trainable, slots):
+        anchors = [tf.identity(a) for a in self.anchors]
+        deltas = [a - _tensor(w) for a, w in zip(anchors, self._weights_synced)]
+        new_values = self._outer_step(trainable, anchors, self._mean(deltas))
+        return new_values + self._averaged_slots(slots)
+
+    def _pieces(self, rows):
+        """The per-weight tensors of a flat ``(T, chunk)`` buffer."""
+        flat = tf.reshape(rows, [-1])[: sum(self._sizes)]
+        pieces = tf.split(flat, self._sizes)
+        return [tf.reshape(p, w.shape) for p, w in zip(pieces, self._weights_synced)]
+
+    def _rows(self, tensors):
+        flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
+        padding = self.sent.shape[0] * self.sent.shape[1] - sum(self._sizes)
+        return tf.reshape(tf.pad(flat, [[0, padding]]), self.sent.shape)
+
+    def _replica_send(self):
+        """This period's change goes out, over the next T steps; the weights stay."""
+        changes = [a - _tensor(w) for a, w in zip(self.anchors, self._weights_synced)]
+        self.sent.assign(self._rows(changes))
+        self.position.assign(0)
+
+    def _replica_land(self, trainable, slots, *, full):
+        """The outer step with the mean of the change in flight (all arrived, or with
+        ``full`` sent now in one piece); each replica goes on from the new anchor with its
+        own steps since the change was sent, or with ``full`` everyone from the anchor
+        moved by their mean too."""
+        anchors = [tf.identity(a) for a in self.anchors]
+        in_flight = tf.identity(self.sent)
+        if full:
+            means = self._pieces(self._mean([in_flight])[0])
+        else:
+            means = self._pieces(tf.identity(self.received)[: self.overlap_steps])
+        # The steps since the change was sent, which started at the old anchor less it.
+        since = [
+            a - old - _tensor(w)
+            for a, old, w in zip(anchors, self._pieces(in_flight), self._weights_synced)
+        ]
+        anchors = self._outer_step(trainable, anchors, means)
+        self.position.assign(self.overlap_steps)
+        if full:
+            return self._outer_step(trainable, anchors, self._mean(since)) + (
+                self._averaged_slots(slots)
+            )
+        return [a - d for a, d in zip(anchors, since)]
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save_own_variables(self, store):
+        """The outer step's settings and momentum buffers (the anchors equal the saved
+        weights: every save is a synchronisation)."""
+        store["outer"] = np.asarray([self.outer_lr, self.outer_momentum])
+        for index, buffer in enumerate(self.momentum_buffers):
+            store[f"momentum_{index}"] = np.asarray(buffer.read_value())
+
+    def load_own_variables(self, store):
+        """Restores the momentum buffers.
+
+        Strict, as :meth:`yolo3.comm.powersgd.PowerSGDState.load_own_variables`: a file
+        without this state, or with buffers this run does not have, is refused.
+        """
+        keys = set(store.keys())
+        expected = {"outer"} | {f"momentum_{i}" for i in range(len(self.momentum_buffers))}
+        if keys != expected:
+            saved = (
+                "no --local-steps state" if not keys else f"{len(keys) - 1} outer momentum buffers"
+            )
+            raise ValueError(
+                f"the checkpoint holds {saved}, this run needs {len(expected) - 1} outer "
+                "momentum buffers: resume with the --local-steps and --outer-momentum it was "
+                "saved with"
+            )
+        for index, buffer in enumerate(self.momentum_buffers):
+            value = np.asarray(store[f"momentum_{index}"])
+            if tuple(value.shape) != tuple(buffer.shape):
+                raise ValueError(
+                    f"outer momentum buffer {index}: saved {value.shape}, expected "
+                    f"{tuple(buffer.shape)}; resume with the model it was saved with"
+                )
+            buffer.assign(value.astype(buffer.dtype.as_numpy_dtype))

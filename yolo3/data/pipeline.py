@@ -1,0 +1,308 @@
+"""The training input pipeline: packed record sets -> batches of images and targets.
+
+Everything per image runs in TensorFlow ops inside ``tf.data`` (parse, decode, flip, pad,
+batch, target building), so no Python runs per image and the pipeline scales with
+``num_parallel_calls``. The expensive augmentation (scale, crop, colour) happened offline
+in ``yolo3 preprocess``; only the horizontal flip, which costs nothing, is done here.
+
+Elements of :func:`make_dataset` and :func:`synthetic_dataset`:
+    ``(images, targets)``, or ``(images, targets, boxes)`` with ``with_boxes=True``, or
+    ``(images, boxes)`` with uint8 images when ``targets=False``:
+    - images: (B, H, W, 3) float32 RGB in [0, 1];
+    - targets: the tuple of :func:`yolo3.model.targets.build_targets`, one tensor per output
+      level, stride 32 first: (B, H / stride, W / stride, anchors_in_level, 5 + num_classes);
+    - boxes: (B, max_boxes, 5) float32, x_min, y_min, x_max, y_max in input pixels and the
+      class id; padding rows are all zero.
+
+``targets=False`` is what training uses: :class:`yolo3.engine.trainer.YoloTrainer` scales the
+images and builds the targets inside the train step, on the accelerator. The host then
+moves uint8 pixels and a few boxes per image instead of float32 pixels and dense targets
+(for 80 classes about 0.5 MB instead of 5.7 MB per 416 px image), and the input cores
+only read, decode and flip.
+
+Multi-worker input: under ``strategy.distribute_datasets_from_function`` pass the
+``tf.distribute.InputContext`` and the per-replica batch size
+(``input_context.get_per_replica_batch_size(global_batch_size)``): each input pipeline
+then reads its own subset of the shard files. A dataset built without an input context
+and handed to Keras ``fit`` under ``MultiWorkerMirroredStrategy`` is auto-sharded by file
+by TensorFlow, which also works as long as there are at least as many shards as workers.
+"""
+
+import logging
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from yolo3.data import records
+from yolo3.model.targets import build_targets
+
+logger = logging.getLogger(__name__)
+
+# Files read at once by the training interleave; more only costs memory for read buffers.
+_MAX_CYCLE_LENGTH = 16
+
+
+def flip_horizontal(image, boxes):
+    """Mirrors an image left to right and moves its boxes with the pixels.
+
+    Args:
+        image: (H, W, C) any dtype.
+        boxes: (M, 4 + k) float32, x_min, y_min, x_max, y_max in image pixels, then any
+            extra columns (the class id), which are kept. Rows with zero width or height
+            are padding and stay all zero.
+    Returns:
+        ``(image, boxes)``: x_min becomes W - x_max and x_max becomes W - x_min.
+    """
+    boxes = tf.convert_to_tensor(boxes, tf.float32)
+    width = tf.cast(tf.shape(image)[1], tf.float32)
+    flipped = tf.concat(
+        [width - boxes[:, 2:3], boxes[:, 1:2], width - boxes[:, 0:1], boxes[:, 3:]], axis=-1
+    )
+    valid = tf.logical_and(boxes[:, 2] > boxes[:, 0], boxes[:, 3] > boxes[:, 1])
+    return tf.image.flip_left_right(image), tf.where(valid[:, None], flipped, boxes)
+
+
+def random_flip(image, boxes, seed, probability=0.5):
+    """:func:`flip_horizontal` with probability ``probability``, drawn statelessly.
+
+    Args:
+        image, boxes: as for :func:`flip_horizontal`.
+        seed: shape (2,) int32 or int64 tensor; the same seed always gives the same draw,
+            eagerly and inside ``tf.data``.
+        probability: chance of flipping, in [0, 1].
+    """
+    image = tf.convert_to_tensor(image)
+    boxes = tf.convert_to_tensor(boxes, tf.float32)
+    do_flip = tf.random.stateless_uniform([], seed=seed) < probability
+    return tf.cond(do_flip, lambda: flip_horizontal(image, boxes), lambda: (image, boxes))
+
+
+def pad_boxes(boxes, max_boxes):
+    """(M, 5) boxes -> (max_boxes, 5): the first ``max_boxes`` rows, then zero rows."""
+    boxes = boxes[:max_boxes]
+    boxes = tf.pad(boxes, [[0, max_boxes - tf.shape(boxes)[0]], [0, 0]])
+    return tf.ensure_shape(boxes, [max_boxes, 5])
+
+
+def _check_record_set(record_set, num_classes):
+    if num_classes != len(record_set.classes):
+        raise ValueError(
+            f"num_classes is {num_classes} but the record set {record_set} has "
+            f"{len(record_set.classes)} classes; train with its classes file or preprocess again"
+        )
+    height, width = record_set.input_hw
+    if height % 32 or width % 32:
+        raise ValueError(
+            f"record set {record_set} stores {height}x{width} images; the input size must "
+            "be a multiple of 32 (preprocess again with a valid --input-size)"
+        )
+
+
+def _shard_files(files, input_context, record_set, split):
+    if input_context is None or input_context.num_input_pipelines <= 1:
+        return files
+    pipelines = input_context.num_input_pipelines
+    if len(files) < pipelines:
+        raise ValueError(
+            f"the {split!r} split of {record_set} has {len(files)} shard files but there are "
+            f"{pipelines} input pipelines; each pipeline needs at least one file: preprocess "
+            f"with more shards (--num-shards {pipelines} or more)"
+        )
+    return files[input_context.input_pipeline_id :: pipelines]
+
+
+def make_dataset(
+    record_set,
+    split="train",
+    *,
+    batch_size,
+    anchors,
+    num_classes,
+    anchor_masks=None,
+    training=True,
+    seed=0,
+    flip=0.5,
+    shuffle_buffer=1024,
+    input_context=None,
+    max_boxes=100,
+    with_boxes=False,
+    targets=True,
+    drop_remainder=None,
+    repeat=None,
+    deterministic=None,
+):
+    """Batches of images and per-level targets read from a record set.
+
+    Args:
+        record_set: a :class:`yolo3.data.records.RecordSet`, or the folder written by
+            ``yolo3 preprocess`` (local or ``gs://`` etc.).
+        split: ``"train"`` or ``"val"``.
+        batch_size: images per element. With ``input_context`` this is the per-replica
+            batch size; computing it from the global one is the caller's business.
+        anchors: (num_anchors, 2) anchor sizes in input pixels.
+        num_classes: must equal the number of classes in the manifest.
+        anchor_masks: anchor indices per level, stride 32 first (default: Darknet's).
+        training: shuffle files and records (reshuffled every epoch), flip, repeat. When
+            False: manifest order, no flip, no repeat.
+        seed: seeds both shuffles and the flips; the same seed gives the same batches.
+        flip: probability of a horizontal flip per image when training.
+        shuffle_buffer: records in the shuffle buffer when training.
+        input_context: ``tf.distribute.InputContext``; with several input pipelines each
+            reads every n-th shard file, so there must be at least as many shards.
+        max_boxes: boxes kept per image (the first ones); more are dropped, with a warning
+            when the manifest's ``max_boxes_per_image`` says some record has more.
+        with_boxes: also yield the padded (B, max_boxes, 5) boxes (for evaluation).
+        targets: False yields ``(uint8 images, boxes)`` and leaves scaling and target
+            building to the train step (see the module docstring).
+        drop_remainder: drop a last partial batch (default: when training).
+        repeat: repeat forever (default: when training).
+        deterministic: order of the parallel reads and maps; None keeps the
+            ``tf.data.Options`` default (deterministic). False is faster, but then the order
+            and the flips no longer follow from the seed alone.
+
+    Returns:
+        A ``tf.data.Dataset`` of the elements described in the module docstring.
+    """
+    record_set = records.open_record_set(record_set)
+    _check_record_set(record_set, num_classes)
+    image_format = record_set.image_format
+    input_hw = record_set.input_hw
+    most_boxes = record_set.max_boxes_per_image
+    if most_boxes is not None and most_boxes > max_boxes:
+        logger.warning(
+            "record set %s has images with %d boxes; only the first max_boxes=%d are used",
+            record_set,
+            most_boxes,
+            max_boxes,
+        )
+    files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
+    drop_remainder = training if drop_remainder is None else drop_remainder
+    repeat = training if repeat is None else repeat
+    flip = flip if training else 0.0
+
+    if training:
+        dataset = tf.data.Dataset.from_tensor_slices(files)
+        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(files), _MAX_CYCLE_LENGTH),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    else:
+        dataset = tf.data.TFRecordDataset(files)
+    if repeat:
+        dataset = dataset.repeat()
+
+    def parse(index, serialized):
+        example = records.parse_example(serialized, image_format)
+        image = tf.ensure_shape(example["image"], [*input_hw, 3])
+        classes = tf.cast(example["classes"][:, None], tf.float32)
+        boxes = tf.concat([example["boxes"], classes], axis=-1)
+        # Objects marked difficult are not trained on (Darknet's VOC labels leave them out).
+        boxes = tf.boolean_mask(boxes, tf.logical_not(example["difficult"]))
+        if flip > 0:
+            image, boxes = random_flip(
+                image, boxes, tf.stack([tf.constant(seed, tf.int64), index]), flip
+            )
+        return image, pad_boxes(boxes, max_boxes)
+
+    # The counter makes each image's flip draw depend on (seed, position), not on threads.
+    dataset = dataset.enumerate().map(
+        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+
+    def to_targets(images, boxes):
+        targets = build_targets(
+            boxes,
+            input_hw=input_hw,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+        )
+        images = tf.cast(images, tf.float32) / 255.0
+        return (images, targets, boxes) if with_boxes else (images, targets)
+
+    if targets:
+        dataset = dataset.map(
+            to_targets, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        )
+    if input_context is not None:
+        options = tf.data.Options()
+        # The files are already split between pipelines above; sharding again would lose data.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def synthetic_dataset(
+    *,
+    batch_size,
+    input_hw,
+    anchors,
+    num_classes,
+    anchor_masks=None,
+    boxes_per_image=4,
+    seed=0,
+):
+    """One random batch, built once, held in memory and repeated forever.
+
+    Training on it costs nothing for input, so comparing its step time with the real
+    pipeline's tells an input-bound run from a compute-bound one (``--benchmark``).
+    Elements are ``(images, targets)`` as from :func:`make_dataset`.
+    """
+    height, width = (int(v) for v in input_hw)
+    rng = np.random.default_rng(seed)
+    images = rng.uniform(0.0, 1.0, (batch_size, height, width, 3)).astype(np.float32)
+    box_w = rng.uniform(0.05, 0.6, (batch_size, boxes_per_image)) * width
+    box_h = rng.uniform(0.05, 0.6, (batch_size, boxes_per_image)) * height
+    x_min = rng.uniform(0.0, 1.0, box_w.shape) * (width - box_w)
+    y_min = rng.uniform(0.0, 1.0, box_h.shape) * (height - box_h)
+    class_ids = rng.integers(0, num_classes, box_w.shape)
+    boxes = np.stack([x_min, y_min, x_min + box_w, y_min + box_h, class_ids], axis=-1)
+    targets = build_targets(
+        boxes.astype(np.float32),
+        input_hw=(height, width),
+        anchors=anchors,
+        num_classes=num_classes,
+        anchor_masks=anchor_masks,
+    )
+    return tf.data.Dataset.from_tensors((tf.constant(images), targets)).repeat()
+
+
+def measure_throughput(dataset, *, batches=None, seconds=None, warmup_batches=2):
+    """Iterates ``dataset`` alone and reports how fast it delivers images (``--test-io``).
+
+    Stops after ``batches`` timed batches, after ``seconds``, or at the end of the dataset,
+    whichever comes first. The first ``warmup_batches`` fill buffers and are not timed.
+
+    Returns:
+        ``{"images_per_second", "images", "batches", "seconds"}`` of the timed part.
+    """
+    unbounded = batches is None and seconds is None
+    if unbounded and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("the dataset repeats forever: pass batches or seconds")
+    iterator = iter(dataset)
+    for _ in range(warmup_batches):
+        if next(iterator, None) is None:
+            break
+    count = images = 0
+    start = time.perf_counter()
+    while batches is None or count < batches:
+        if seconds is not None and time.perf_counter() - start >= seconds:
+            break
+        element = next(iterator, None)
+        if element is None:
+            break
+        images += int(tf.nest.flatten(element)[0].shape[0])
+        count += 1
+    elapsed = time.perf_counter() - start
+    return {
+        "images_per_second": images / elapsed if elapsed > 0 else 0.0,
+        "images": images,
+        "batches": count,
+        "seconds": elapsed,
+    }

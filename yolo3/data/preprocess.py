@@ -1,0 +1,554 @@
+"""Offline preprocessing: annotation files -> a record set of letterboxed and augmented images.
+
+Decoding, resizing and colour jitter cost tens of milliseconds of Python per image; done
+every epoch they starve the GPUs. Here they are done once, in parallel worker processes:
+each source image yields one clean letterboxed copy and ``copies`` augmented ones, encoded
+and packed into TFRecord shards (format: :mod:`yolo3.data.records`).
+
+Determinism: an image's augmentation is drawn from a generator seeded by ``(seed, split,
+the image's position in its split, copy)``, and the assignment of images to shards and the
+order of records inside a shard depend only on the seed. The output is therefore the same
+byte for byte whatever the number of workers, and a run can be resumed shard by shard.
+
+Resumption: shards are written under a temporary name and renamed when complete; the
+shard's statistics follow in ``.progress/``, with a digest of the annotations it was rendered
+from. A second run with the same settings skips the finished shards whose annotations did
+not change, redoes the rest and writes ``manifest.json`` last. Other settings are refused
+unless ``overwrite``, which deletes the record set's own files and nothing else.
+
+This module imports TensorFlow only inside :func:`run` (to write TFRecords), so the worker
+processes, which import it to find :func:`process_image`, start without it.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import time
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from yolo3 import fileio
+from yolo3.data import annotations as annotations_io
+from yolo3.data import hygiene
+from yolo3.data.augment import AugmentConfig, clip_boxes, letterbox, random_augment
+from yolo3.data.image import to_rgb
+from yolo3.progress import counter
+
+SPLIT_IDS = {"train": 0, "val": 1}
+PROGRESS_DIR = ".progress"
+# A floor on the number of training shards, so that up to this many input pipelines
+# (workers of a multi-machine job) can each read whole files of their own.
+MIN_TRAIN_SHARDS = 16
+MIN_VAL_SHARDS = 2
+# Rough bytes per pixel of a JPEG at quality ~90, used only to size shards up front.
+JPEG_BYTES_PER_PIXEL = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessConfig:
+    """Everything that determines the output; two runs with equal configs write equal bytes.
+
+    ``workers`` is deliberately not part of it: it changes speed, never the output.
+    """
+
+    annotations: tuple
+    classes: tuple
+    output: str
+    input_size: tuple  # (height, width), multiples of 32
+    copies: int = 4
+    val_annotations: tuple = ()
+    val_fraction: float | None = None
+    val_per_class: int | None = None
+    min_images_per_class: int = 0
+    image_format: str = "jpeg"
+    quality: int = 90
+    seed: int = 0
+    shard_mb: float = 100.0
+    num_shards: int | None = None
+    image_root: str | None = None
+    augment: AugmentConfig = AugmentConfig()
+
+    def __post_init__(self):
+        height, width = self.input_size
+        if height % 32 or width % 32 or height <= 0 or width <= 0:
+            raise ValueError(f"--input-size {height}x{width}: both sides must be multiples of 32")
+        if self.copies < 0:
+            raise ValueError(f"--copies {self.copies} must be >= 0")
+        if self.image_format not in ("jpeg", "raw"):
+            raise ValueError(f"--format {self.image_format!r}: use jpeg or raw")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"--quality {self.quality} must be in [1, 100]")
+        if self.val_fraction is not None and self.val_per_class is not None:
+            raise ValueError("give --val-fraction or --val-per-class, not both")
+        if self.val_annotations and (self.val_fraction or self.val_per_class):
+            raise ValueError("--val-annotations already gives a validation split; drop --val-*")
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ValueError(f"--num-shards {self.num_shards} must be >= 1")
+
+    def fingerprint(self):
+        """A JSON-able description of the settings, stored to refuse resuming a different run."""
+        data = dataclasses.asdict(self)
+        data["augment"] = dataclasses.asdict(self.augment)
+        del data["output"]  # the same folder may be spelled differently
+        return json.loads(json.dumps(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One source image to render; everything a worker process needs, picklable."""
+
+    split: str
+    ordinal: int
+    path: str
+    boxes: np.ndarray  # (M, 4) float64, source image pixels
+    classes: np.ndarray  # (M,) int64
+    difficult: np.ndarray  # (M,) bool
+    source: str
+    line: int
+    copies: int
+    input_size: tuple
+    seed: int
+    image_format: str
+    quality: int
+    augment: AugmentConfig
+
+
+def _open_image(path):
+    """Reads ``path`` as an upright RGB array, returning what had to be converted."""
+    notes = []
+    data = fileio.read_bytes(path)
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()  # decode now, so truncated files fail here
+        mode = image.mode
+        if mode.startswith("I;16") or mode in ("I", "F"):
+            notes.append("converted_high_bit_depth")
+        elif mode in ("L", "LA", "1"):
+            notes.append("converted_grayscale")
+        elif mode in ("P", "PA"):
+            notes.append("converted_palette")
+        elif mode == "CMYK":
+            notes.append("converted_cmyk")
+        elif mode in ("RGBA", "RGBa"):
+            notes.append("converted_alpha")
+        orientation = image.getexif().get(0x0112, 1)
+        if orientation not in (0, 1):
+            notes.append("exif_rotated")
+        upright = ImageOps.exif_transpose(image)
+        return np.asarray(to_rgb(upright), dtype=np.uint8), notes
+
+
+def _encode(image, image_format, quality):
+    if image_format == "raw":
+        return image.tobytes()
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def process_image(task):
+    """Renders one source image into its clean and augmented records (runs in a worker).
+
+    Returns:
+        ``(records, rejects, counts)``: a list of record dicts for
+        :func:`yolo3.data.records.serialize_example` (clean copy first), a list of
+        ``(reason, message)`` for the image or its boxes, and a Counter of conversions and
+        dropped boxes.
+    """
+    counts = collections.Counter()
+    where = f"{task.source}:{task.line}"
+    if not fileio.exists(task.path):
+        return [], [("missing_image", f"{where}: image {task.path} does not exist")], counts
+    try:
+        image, notes = _open_image(task.path)
+    except Exception as err:  # noqa: BLE001 - one bad file must not stop the run; it is listed
+        # Pillow reports corrupt data as OSError, SyntaxError, ValueError, struct.error,
+        # DecompressionBombError...; its message for an unknown format names a memory
+        # address, so that one is replaced to keep the rejects file stable.
+        if isinstance(err, UnidentifiedImageError):
+            detail = "not an image format Pillow reads"
+        else:
+            detail = f"{type(err).__name__}: {err}"
+        message = f"{where}: cannot decode image {task.path} ({detail}); the image is skipped"
+        return [], [("unreadable_image", message)], counts
+    counts.update(notes)
+    rejects = []
+    boxes, classes = task.boxes.reshape(-1, 4), task.classes.reshape(-1)
+    difficult = task.difficult.reshape(-1)
+    clipped, was_clipped = clip_boxes(boxes, image.shape[:2])
+    inside = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+    for box in boxes[~inside]:
+        coords = ",".join(f"{v:g}" for v in box)
+        message = (
+            f"{where}: box {coords} lies outside the {image.shape[1]}x{image.shape[0]} image "
+            f"{task.path}; the box is skipped"
+        )
+        rejects.append(("box_outside_image", message))
+    counts["boxes_clipped"] += int(np.sum(was_clipped & inside))
+    boxes, classes, difficult = clipped[inside], classes[inside], difficult[inside]
+
+    records = []
+    for copy in range(task.copies + 1):
+        if copy == 0:
+            out_image, out_boxes, keep = letterbox(image, boxes, task.input_size)
+        else:
+            rng = np.random.default_rng((task.seed, SPLIT_IDS[task.split], task.ordinal, copy))
+            out_image, out_boxes, keep = random_augment(
+                image, boxes, task.input_size, rng, task.augment
+            )
+        dropped = int(np.sum(~keep))
+        counts["boxes_dropped_clean" if copy == 0 else "boxes_dropped_augmented"] += dropped
+        records.append(
+            {
+                "image": _encode(out_image, task.image_format, task.quality),
+                "format": task.image_format,
+                "height": task.input_size[0],
+                "width": task.input_size[1],
+                "boxes": np.asarray(out_boxes, np.float32)[keep],
+                "classes": classes[keep],
+                "difficult": difficult[keep],
+                "source": task.path,
+                "line": task.line,
+                "copy": copy,
+            }
+        )
+    return records, rejects, counts
+
+
+def plan_shards(num_items, num_records_per_item, config, split):
+    """How many shards a split gets: by target size, at least a floor, at most one per image."""
+    if num_items == 0:
+        return 0
+    height, width = config.input_size
+    bytes_per_record = height * width * 3
+    if config.image_format == "jpeg":
+        bytes_per_record = height * width * JPEG_BYTES_PER_PIXEL
+    if split == "train" and config.num_shards is not None:
+        wanted = config.num_shards
+    else:
+        total = num_items * num_records_per_item * bytes_per_record
+        floor = MIN_TRAIN_SHARDS if split == "train" else MIN_VAL_SHARDS
+        wanted = max(floor, math.ceil(total / (config.shard_mb * 2**20)))
+    return max(1, min(wanted, num_items))
+
+
+class RejectError(ValueError):
+    """Raised in ``--strict`` mode when any line, box or image is rejected."""
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Parsed and split annotations, before rendering."""
+
+    classes: list
+    splits: dict  # split -> list of annotations.Entry
+    rejects: list  # (source, line, reason, message) found while parsing and splitting
+    counts: collections.Counter
+    hygiene: dict
+
+
+def load_dataset(config):
+    """Parses the annotation files and applies the class filter and validation split."""
+    counts = collections.Counter()
+    rejects = []
+    num_classes = len(config.classes)
+
+    def parse(paths):
+        entries, file_rejects, file_counts = annotations_io.parse_annotation_files(
+            paths, num_classes=num_classes, image_root=config.image_root
+        )
+        counts.update(file_counts)
+        rejects.extend((r.source, r.line, r.reason, r.message) for r in file_rejects)
+        return entries
+
+    train = parse(config.annotations)
+    val = parse(config.val_annotations) if config.val_annotations else []
+    classes, hygiene_report = list(config.classes), {}
+    if config.min_images_per_class > 0:
+        kept, classes, report = hygiene.drop_rare_classes(
+            train + val, classes, config.min_images_per_class
+        )
+        train, val = kept[: len(train)], kept[len(train) :]
+        hygiene_report["min_images_per_class"] = report
+    if config.val_fraction is not None or config.val_per_class is not None:
+        train, val = hygiene.split_validation(
+            train,
+            fraction=config.val_fraction,
+            per_class=config.val_per_class,
+            seed=config.seed,
+        )
+    splits = {"train": train}
+    if val:
+        splits["val"] = val
+    return Dataset(classes, splits, rejects, counts, hygiene_report)
+
+
+def _shard_plan(dataset, config):
+    """``[(split, shard_index, num_shards, [(ordinal, entry), ...]), ...]``, from the seed only."""
+    plan = []
+    for split, entries in dataset.splits.items():
+        items = list(enumerate(entries))
+        copies = config.copies if split == "train" else 0
+        if split == "train":
+            order = np.random.default_rng((config.seed, SPLIT_IDS[split])).permutation(len(items))
+            items = [items[i] for i in order]
+        count = plan_shards(len(items), copies + 1, config, split)
+        for index, chunk in enumerate(np.array_split(np.arange(len(items)), count)):
+            plan.append((split, index, count, [items[i] for i in chunk]))
+    return plan
+
+
+def _tasks(plan, config):
+    for split, _, _, items in plan:
+        copies = config.copies if split == "train" else 0  # validation stays clean
+        for ordinal, entry in items:
+            yield Task(
+                split=split,
+                ordinal=ordinal,
+                path=entry.path,
+                boxes=entry.boxes,
+                classes=entry.classes,
+                difficult=entry.difficult,
+                source=entry.source,
+                line=entry.line,
+                copies=copies,
+                input_size=tuple(config.input_size),
+                seed=config.seed,
+                image_format=config.image_format,
+                quality=config.quality,
+                augment=config.augment,
+            )
+
+
+def _progress_path(config, *parts):
+    return fileio.join(config.output, PROGRESS_DIR, *parts)
+
+
+# The files of a record set, as globs in its folder: --overwrite deletes these and nothing
+# else, so pointing --output at a folder that holds other files does not lose them.
+_OUTPUT_FILES = ("train-*-of-*.tfrecord*", "val-*-of-*.tfrecord*", "manifest.json", "rejects.txt*")
+# What a killed run can leave behind: a shard being written (``.incomplete``) and files being
+# replaced (``.tmp-*.json`` locally, ``*.tmp`` on remote filesystems).
+_LEFTOVERS = ("*.tfrecord.incomplete", "*.json.tmp", "rejects.txt.tmp", ".tmp-*.json")
+
+
+def _remove(directory, patterns, keep=()):
+    for pattern in patterns:
+        for path in fileio.glob(fileio.join(directory, pattern)):
+            if os.path.basename(path) not in keep:
+                fileio.remove(path)
+
+
+def _prepare_output(config, overwrite):
+    """Creates the output folder, refusing to mix runs with different settings."""
+    plan_file = _progress_path(config, "config.json")
+    fingerprint = config.fingerprint()
+    if overwrite and fileio.exists(_progress_path(config)):
+        fileio.rmtree(_progress_path(config))
+    if overwrite and fileio.exists(config.output):
+        _remove(config.output, _OUTPUT_FILES)
+    fileio.makedirs(_progress_path(config))
+    if fileio.exists(plan_file):
+        with fileio.open_file(plan_file, "r") as f:
+            previous = json.load(f)
+        if previous != fingerprint:
+            changed = sorted(k for k in fingerprint if previous.get(k) != fingerprint[k])
+            raise ValueError(
+                f"{config.output} holds a preprocessing run with other settings (different "
+                f"{', '.join(changed)}); use a new --output folder or pass --overwrite"
+            )
+    else:
+        fileio.write_json(plan_file, fingerprint)
+    _remove(config.output, _LEFTOVERS)
+    _remove(_progress_path(config), _LEFTOVERS)
+
+
+def _inputs_digest(items):
+    """A digest of the annotations a shard is rendered from.
+
+    Stored with the shard's statistics so that a resumed run whose annotation files were
+    edited renders the affected shards again instead of reusing stale ones.
+    """
+    digest = hashlib.sha256()
+    for ordinal, entry in items:
+        fields = [ordinal, entry.path, entry.boxes.tolist(), entry.classes.tolist()]
+        if entry.difficult.any():  # digests of sets without the flag stay as they were
+            fields.append(entry.difficult.tolist())
+        digest.update(json.dumps([*fields, entry.source, entry.line]).encode())
+    return digest.hexdigest()
+
+
+def _finished_shard(config, name, items):
+    """The statistics of a complete shard rendered from ``items``, else None."""
+    stats_path = _progress_path(config, name + ".json")
+    if not (fileio.exists(stats_path) and fileio.exists(fileio.join(config.output, name))):
+        return None
+    with fileio.open_file(stats_path, "r") as f:
+        stats = json.load(f)
+    return stats if stats.get("inputs") == _inputs_digest(items) else None
+
+
+class _Renderer:
+    """Renders tasks in order, in ``workers`` spawned processes (inline for one worker)."""
+
+    def __init__(self, workers):
+        # spawn, not fork: the parent has TensorFlow's threads running.
+        context = multiprocessing.get_context("spawn")
+        self.pool = context.Pool(workers) if workers > 1 else None
+
+    def imap(self, tasks):
+        if self.pool is None:
+            return map(process_image, tasks)
+        return self.pool.imap(process_image, tasks, chunksize=2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def run(config, *, workers=None, overwrite=False, strict=False, progress="auto", log=print):
+    """Preprocesses ``config.annotations`` into a record set at ``config.output``.
+
+    ``progress``: one of :data:`yolo3.progress.PROGRESS_CHOICES` (auto: a bar on a
+    terminal, else a line every 30 s through ``log``).
+
+    Returns:
+        The manifest dict (also written to ``manifest.json``).
+
+    Raises:
+        RejectError in ``strict`` mode on the first rejected line, box or image.
+    """
+    from yolo3.data import records  # noqa: PLC0415 - TensorFlow: parent only
+
+    workers = workers or os.cpu_count() or 1
+    dataset = load_dataset(config)
+    if strict and dataset.rejects:
+        raise RejectError(_describe_rejects(STRICT_HEADER, dataset.rejects))
+    if not dataset.splits["train"]:
+        where = f"no usable images in {', '.join(config.annotations)}"
+        if not dataset.rejects:
+            raise ValueError(where)
+        raise ValueError(_describe_rejects(f"{where}; the reasons:", dataset.rejects, limit=3))
+    _prepare_output(config, overwrite)
+    plan = _shard_plan(dataset, config)
+    # Shards of an earlier run over other annotations (another count) are not part of this set.
+    names = {records.shard_name(split, index, count) for split, index, count, _ in plan}
+    _remove(config.output, _OUTPUT_FILES[:2], keep=names)
+    _remove(_progress_path(config), ("*-of-*.tfrecord.json",), keep={n + ".json" for n in names})
+    pending = []
+    for split, index, count, items in plan:
+        if _finished_shard(config, records.shard_name(split, index, count), items) is None:
+            pending.append((split, index, count, items))
+    manifest_path = fileio.join(config.output, records.MANIFEST)
+    if pending and fileio.exists(manifest_path):
+        fileio.remove(manifest_path)  # shards are about to change: the set is not complete
+    total_images = sum(len(items) for *_, items in plan)
+    todo = sum(len(items) for *_, items in pending)
+    log(
+        f"{total_images} images -> {len(plan)} shards in {config.output} "
+        f"({todo} images in {len(pending)} shards to do, {workers} workers)"
+    )
+    started = time.perf_counter()
+    with (
+        _Renderer(workers) as renderer,
+        counter(todo, what="preprocess", unit="images", progress=progress, log=log) as bar,
+    ):
+        results = renderer.imap(_tasks(pending, config))
+        for split, index, count, items in pending:
+            shard_records, shard_rejects, shard_counts = [], [], collections.Counter()
+            for _, entry in items:
+                image_records, image_rejects, image_counts = next(results)
+                shard_records.extend(image_records)
+                shard_counts.update(image_counts)
+                shard_counts["images_written" if image_records else "images_rejected"] += 1
+                for reason, message in image_rejects:
+                    shard_rejects.append((entry.source, entry.line, reason, message))
+                if strict and image_rejects:
+                    raise RejectError(_describe_rejects(STRICT_HEADER, shard_rejects))
+                bar.update(1)
+            order = np.random.default_rng((config.seed, SPLIT_IDS[split], index, 1))
+            shard_records = [shard_records[i] for i in order.permutation(len(shard_records))]
+            name = records.shard_name(split, index, count)
+            entry = records.write_shard(
+                fileio.join(config.output, name),
+                (records.serialize_example(r) for r in shard_records),
+            )
+            entry["images"] = shard_counts["images_written"]
+            entry["boxes"] = int(sum(len(r["classes"]) for r in shard_records))
+            entry["max_boxes"] = max((len(r["classes"]) for r in shard_records), default=0)
+            stats = {
+                "entry": entry,
+                "counts": dict(shard_counts),
+                "rejects": shard_rejects,
+                "inputs": _inputs_digest(items),
+            }
+            fileio.write_json(_progress_path(config, name + ".json"), stats)
+    elapsed = time.perf_counter() - started
+    if todo:
+        log(f"rendered {todo} images in {elapsed:.1f} s ({todo / elapsed:.1f} images/s)")
+    return _write_manifest(config, dataset, plan, records)
+
+
+STRICT_HEADER = "rejected input (--strict):"
+
+
+def _describe_rejects(header, rejects, limit=10):
+    lines = [message for *_, message in rejects[:limit]]
+    more = f"\n... and {len(rejects) - limit} more" if len(rejects) > limit else ""
+    return header + "\n" + "\n".join(lines) + more
+
+
+def _write_manifest(config, dataset, plan, records):
+    splits, counts = {}, collections.Counter(dataset.counts)
+    rejects = list(dataset.rejects)
+    for split, index, count, items in plan:
+        stats = _finished_shard(config, records.shard_name(split, index, count), items)
+        splits.setdefault(split, []).append(stats["entry"])
+        counts.update(stats["counts"])
+        rejects.extend(tuple(r) for r in stats["rejects"])
+    reject_counts = collections.Counter(reason for _, _, reason, _ in rejects)
+    rejects_path = fileio.join(config.output, records.REJECTS)
+    text = "".join(
+        f"{source}:{line}\t{reason}\t{message}\n" for source, line, reason, message in rejects
+    )
+    with fileio.open_file(rejects_path + ".tmp", "w") as f:
+        f.write(text)  # even when empty: tf.io.gfile creates a file only on its first write
+    fileio.rename(rejects_path + ".tmp", rejects_path)
+    manifest = records.make_manifest(
+        classes=dataset.classes,
+        input_size=config.input_size,
+        image_format=config.image_format,
+        splits=splits,
+        copies=config.copies,
+        seed=config.seed,
+        jpeg_quality=config.quality if config.image_format == "jpeg" else None,
+        augmentation=dataclasses.asdict(config.augment),
+        source_annotations=list(config.annotations),
+        source_images={split: len(entries) for split, entries in dataset.splits.items()},
+        counts=dict(sorted(counts.items())),
+        rejects=dict(sorted(reject_counts.items())),
+        validation={
+            "annotations": list(config.val_annotations),
+            "fraction": config.val_fraction,
+            "per_class": config.val_per_class,
+        },
+        min_images_per_class=config.min_images_per_class,
+        hygiene=dataset.hygiene,
+        max_boxes_per_image=max(
+            (shard["max_boxes"] for shards in splits.values() for shard in shards), default=0
+        ),
+    )
+    for info in manifest["splits"].values():
+        info["images"] = sum(shard["images"] for shard in info["shards"])
+        info["boxes"] = sum(shard["boxes"] for shard in info["shards"])
+    fileio.write_json(fileio.join(config.output, records.MANIFEST), manifest)
+    return manifest

@@ -1,0 +1,392 @@
+"""The packed record format written by ``yolo3 preprocess`` and read by :mod:`yolo3.data.pipeline`.
+
+A record set is a folder::
+
+    manifest.json                         written last: its presence means the set is complete
+    train-00000-of-00016.tfrecord ...     TFRecord shards of ``tf.train.Example``
+    val-00000-of-00002.tfrecord ...
+    rejects.txt                           one line per skipped line, box or image
+
+Every record is one training image, already letterboxed (clean copy) or augmented
+(augmented copies) to the training size. Features:
+
+==================  ==========  ==========================================================
+``image``           bytes       JPEG, or raw ``(height, width, 3)`` uint8 RGB (``format``)
+``format``          bytes       ``b"jpeg"`` or ``b"raw"``
+``height/width``    int64       the stored image's size in pixels (the training size)
+``boxes``           float list  ``4 * M`` values: x_min, y_min, x_max, y_max in stored-image
+                                pixels, each inside the image, width and height >= 1
+``classes``         int64 list  ``M`` class ids
+``source``          bytes       the source image path
+``line``            int64       the 1-based line of the source in its annotation file
+``copy``            int64       0 for the clean copy, 1..K for augmented copies
+``difficult``       int64 list  ``M`` flags, 1 for an object marked difficult; absent when
+                                none is (then all 0)
+==================  ==========  ==========================================================
+"""
+
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from yolo3 import fileio
+
+MANIFEST = "manifest.json"
+REJECTS = "rejects.txt"
+FORMAT_NAME = "yolo3-records"
+FORMAT_VERSION = 1
+IMAGE_FORMATS = ("jpeg", "raw")
+SPLITS = ("train", "val")
+
+_FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "format": tf.io.FixedLenFeature([], tf.string),
+    "height": tf.io.FixedLenFeature([], tf.int64),
+    "width": tf.io.FixedLenFeature([], tf.int64),
+    "boxes": tf.io.VarLenFeature(tf.float32),
+    "classes": tf.io.VarLenFeature(tf.int64),
+    "source": tf.io.FixedLenFeature([], tf.string, default_value=b""),
+    "line": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "copy": tf.io.FixedLenFeature([], tf.int64, default_value=0),
+    "difficult": tf.io.VarLenFeature(tf.int64),
+}
+
+
+def shard_name(split, index, count):
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def _bytes(value):
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _ints(values):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+
+def serialize_example(record):
+    """One record as a serialized ``tf.train.Example``.
+
+    Args:
+        record: a mapping with ``image`` (bytes), ``format`` (``"jpeg"`` or ``"raw"``),
+            ``height``, ``width``, ``boxes`` ((M, 4) float, stored-image pixels),
+            ``classes`` ((M,) int), ``source`` (str), ``line`` and ``copy`` (ints), and
+            optionally ``difficult`` ((M,) bool; written only when a box is difficult).
+    """
+    boxes = np.asarray(record["boxes"], np.float32).reshape(-1)
+    feature = {
+        "image": _bytes(record["image"]),
+        "format": _bytes(record["format"].encode()),
+        "height": _ints([record["height"]]),
+        "width": _ints([record["width"]]),
+        "boxes": tf.train.Feature(float_list=tf.train.FloatList(value=boxes.tolist())),
+        "classes": _ints(np.asarray(record["classes"]).reshape(-1)),
+        "source": _bytes(str(record["source"]).encode()),
+        "line": _ints([record["line"]]),
+        "copy": _ints([record["copy"]]),
+    }
+    difficult = np.asarray(record.get("difficult", ()), bool).reshape(-1)
+    if difficult.any():
+        feature["difficult"] = _ints(difficult)
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    # Protobuf writes map entries (the features) in an order that may change from one
+    # process to the next; sorted keys keep shards byte-identical across runs and resumes.
+    return example.SerializeToString(deterministic=True)
+
+
+def parse_example(serialized, image_format):
+    """Parses one serialized record in TensorFlow ops (for ``tf.data.Dataset.map``).
+
+    Args:
+        serialized: scalar string tensor.
+        image_format: ``"jpeg"`` or ``"raw"``, from the manifest (one format per set).
+
+    Returns:
+        A dict: ``image`` ``(H, W, 3)`` uint8, ``boxes`` ``(M, 4)`` float32 in image pixels,
+        ``classes`` ``(M,)`` int32, ``difficult`` ``(M,)`` bool, ``source`` string, ``copy``
+        int64.
+    """
+    features = tf.io.parse_single_example(serialized, _FEATURES)
+    height, width = features["height"], features["width"]
+    if image_format == "jpeg":
+        image = tf.io.decode_jpeg(features["image"], channels=3)
+    elif image_format == "raw":
+        image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8), [height, width, 3])
+    else:
+        raise ValueError(f"unknown image format {image_format!r}; expected one of {IMAGE_FORMATS}")
+    classes = tf.cast(tf.sparse.to_dense(features["classes"]), tf.int32)
+    difficult = tf.sparse.to_dense(features["difficult"])
+    # Absent (no difficult box): padded to one 0 per box.
+    difficult = tf.pad(difficult, [[0, tf.size(classes) - tf.size(difficult)]]) > 0
+    return {
+        "image": image,
+        "boxes": tf.reshape(tf.sparse.to_dense(features["boxes"]), [-1, 4]),
+        "classes": classes,
+        "difficult": difficult,
+        "source": features["source"],
+        "copy": features["copy"],
+    }
+
+
+def parse_example_numpy(serialized):
+    """Parses one serialized record eagerly into NumPy (for checks and tools)."""
+    example = tf.train.Example.FromString(serialized)
+    feature = example.features.feature
+    image_format = feature["format"].bytes_list.value[0].decode()
+    height = feature["height"].int64_list.value[0]
+    width = feature["width"].int64_list.value[0]
+    data = feature["image"].bytes_list.value[0]
+    if image_format == "jpeg":
+        image = tf.io.decode_jpeg(data, channels=3).numpy()
+    else:
+        image = np.frombuffer(data, np.uint8).reshape(height, width, 3)
+    return {
+        "image": image,
+        "format": image_format,
+        "height": height,
+        "width": width,
+        "boxes": np.asarray(feature["boxes"].float_list.value, np.float32).reshape(-1, 4),
+        "classes": np.asarray(feature["classes"].int64_list.value, np.int64),
+        "difficult": _difficult_flags(feature, len(feature["classes"].int64_list.value)),
+        "source": feature["source"].bytes_list.value[0].decode(),
+        "line": feature["line"].int64_list.value[0],
+        "copy": feature["copy"].int64_list.value[0],
+    }
+
+
+def _difficult_flags(feature, count):
+    if "difficult" not in feature:
+        return np.zeros(count, bool)
+    flags = np.asarray(feature["difficult"].int64_list.value, np.int64) > 0
+    if len(flags) != count:
+        raise ValueError(f"a record has {len(flags)} difficult flags for {count} boxes")
+    return flags
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with fileio.open_file(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_shard(path, serialized_records):
+    """Writes serialized records as one TFRecord shard, atomically.
+
+    The shard is written under a temporary name and renamed when complete, so a killed
+    run never leaves a file under the final name that looks finished.
+
+    Returns:
+        The shard's manifest entry: ``{"file", "records", "bytes", "sha256"}``.
+    """
+    temp = f"{path}.incomplete"
+    count = 0
+    with tf.io.TFRecordWriter(temp) as writer:
+        for serialized in serialized_records:
+            writer.write(serialized)
+            count += 1
+    entry = {
+        "file": path.replace("\\", "/").rsplit("/", 1)[-1],
+        "records": count,
+        "bytes": tf.io.gfile.stat(temp).length,
+        "sha256": file_sha256(temp),
+    }
+    fileio.rename(temp, path)
+    return entry
+
+
+def make_manifest(*, classes, input_size, image_format, splits, **extra):
+    """A manifest dict; ``splits`` maps a split name to its list of shard entries."""
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image format {image_format!r} is not one of {IMAGE_FORMATS}")
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "image_format": image_format,
+        "input_size": [int(v) for v in input_size],
+        "classes": list(classes),
+        "splits": {},
+    }
+    for split, shards in splits.items():
+        manifest["splits"][split] = {
+            "records": sum(shard["records"] for shard in shards),
+            "shards": list(shards),
+        }
+    manifest.update(extra)
+    return manifest
+
+
+def read_manifest(records_dir):
+    """The manifest of a complete record set, checked for format and version.
+
+    Raises:
+        FileNotFoundError when ``records_dir`` has no manifest (not a record set, or an
+        interrupted preprocessing run: run the same preprocess command again to finish it).
+        ValueError when the manifest is not a yolo3 record set of a readable version.
+    """
+    path = fileio.join(records_dir, MANIFEST)
+    if not fileio.exists(path):
+        raise FileNotFoundError(
+            f"{path} does not exist: {records_dir} is not a complete record set. Create one "
+            "with yolo3 preprocess, or rerun the same command to finish an interrupted run."
+        )
+    with fileio.open_file(path, "r") as f:
+        try:
+            manifest = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from err
+    if manifest.get("format") != FORMAT_NAME:
+        raise ValueError(f"{path} is not a {FORMAT_NAME} manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format version {manifest.get('version')}; this library reads "
+            f"version {FORMAT_VERSION}. Preprocess the data again with this version."
+        )
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSet:
+    """A complete record set and its manifest, read once.
+
+    A job opens each record set once (:func:`open_record_set`) and hands this value to the
+    parts that read it (datasets, validation, mAP), which then do not read the manifest
+    again. Anything that takes a record set accepts this value or its folder.
+    """
+
+    directory: str
+    manifest: dict
+
+    def __str__(self):
+        return str(self.directory)
+
+    @property
+    def classes(self):
+        return list(self.manifest["classes"])
+
+    @property
+    def input_hw(self):
+        return tuple(int(v) for v in self.manifest["input_size"])
+
+    @property
+    def image_format(self):
+        return self.manifest["image_format"]
+
+    @property
+    def max_boxes_per_image(self):
+        return self.manifest.get("max_boxes_per_image")
+
+    def has_split(self, split):
+        return split in self.manifest["splits"]
+
+    def shard_paths(self, split):
+        """Full paths of the shards of ``split``, in order; an error names a missing split."""
+        return shard_paths(self.directory, self.manifest, split)
+
+    def num_records(self, split):
+        self.shard_paths(split)  # raises for a missing split
+        return int(self.manifest["splits"][split]["records"])
+
+
+def open_record_set(source):
+    """``source`` as a :class:`RecordSet`: one is returned as is, a folder's manifest is read."""
+    if isinstance(source, RecordSet):
+        return source
+    return RecordSet(source, read_manifest(source))
+
+
+def is_record_set(source):
+    """True for a :class:`RecordSet` or a folder holding a manifest (not an annotation file)."""
+    return isinstance(source, RecordSet) or fileio.exists(fileio.join(source, MANIFEST))
+
+
+def shard_paths(records_dir, manifest, split):
+    """Full paths of the shards of ``split`` listed in ``manifest``, in order."""
+    if split not in manifest["splits"]:
+        available = ", ".join(sorted(manifest["splits"])) or "none"
+        raise ValueError(
+            f"record set {records_dir} has no {split!r} split (it has: {available}); "
+            "preprocess with a validation split (--val-fraction) or pass --val-records"
+        )
+    return [
+        fileio.join(records_dir, shard["file"]) for shard in manifest["splits"][split]["shards"]
+    ]
+
+
+def verify(records_dir, *, check_checksums=True):
+    """Checks a record set against its manifest and every record against the format.
+
+    Counts records per shard against the manifest, compares checksums, decodes every
+    image, and checks that each image has the manifest's size and that every box lies
+    inside it with width and height >= 1 and a class id in range.
+
+    Returns:
+        ``(problems, counts)``: a list of human-readable problems (empty when the set is
+        sound) and a dict with the ``records``, ``boxes`` and ``shards`` checked.
+    """
+    manifest = read_manifest(records_dir)
+    height, width = manifest["input_size"]
+    num_classes = len(manifest["classes"])
+    problems = []
+    counts = {"shards": 0, "records": 0, "boxes": 0}
+    for split, info in manifest["splits"].items():
+        for shard in info["shards"]:
+            path = fileio.join(records_dir, shard["file"])
+            if not fileio.exists(path):
+                problems.append(f"{path}: listed in the manifest but missing")
+                continue
+            counts["shards"] += 1
+            if check_checksums and file_sha256(path) != shard["sha256"]:
+                problems.append(f"{path}: sha256 differs from the manifest (file changed)")
+            found = 0
+            try:
+                for index, serialized in enumerate(tf.data.TFRecordDataset(path)):
+                    found += 1
+                    where = f"{path} record {index}"
+                    problems.extend(
+                        _check_record(serialized.numpy(), where, height, width, num_classes)
+                    )
+                    counts["boxes"] += _count_boxes(serialized.numpy())
+            except tf.errors.DataLossError as err:
+                problems.append(f"{path}: corrupt after {found} records ({err.message})")
+            counts["records"] += found
+            if found != shard["records"]:
+                problems.append(
+                    f"{path}: {found} records; the manifest says {shard['records']} ({split})"
+                )
+    return problems, counts
+
+
+def _count_boxes(serialized):
+    example = tf.train.Example.FromString(serialized)
+    return len(example.features.feature["classes"].int64_list.value)
+
+
+def _check_record(serialized, where, height, width, num_classes):
+    try:
+        record = parse_example_numpy(serialized)
+    except Exception as err:  # noqa: BLE001 - any decode failure is a finding, not a crash
+        return [f"{where}: cannot decode ({type(err).__name__}: {err})"]
+    problems = []
+    if record["image"].shape != (height, width, 3):
+        problems.append(
+            f"{where}: image is {record['image'].shape}, expected ({height}, {width}, 3)"
+        )
+    boxes, classes = record["boxes"], record["classes"]
+    if len(boxes) != len(classes):
+        problems.append(f"{where}: {len(boxes)} boxes but {len(classes)} class ids")
+        return problems
+    for box, class_id in zip(boxes, classes):
+        x0, y0, x1, y1 = (float(v) for v in box)
+        if x0 < 0 or y0 < 0 or x1 > width or y1 > height or x1 - x0 < 1 or y1 - y0 < 1:
+            problems.append(
+                f"{where}: box {x0:g},{y0:g},{x1:g},{y1:g} is outside the "
+                f"{width}x{height} image or under 1 px"
+            )
+        if not 0 <= class_id < num_classes:
+            problems.append(f"{where}: class id {class_id} outside [0, {num_classes})")
+    return problems

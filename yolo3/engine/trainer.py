@@ -1,0 +1,588 @@
+"""The training wrapper around ``yolo_body``: loss, learning-rate schedule and freezing.
+
+:class:`YoloTrainer` is a ``keras.Model`` that owns the bare detection network (the
+*template*, ``trainer.body``) and computes the YOLOv3 loss in ``compute_loss``, so that
+``model.fit`` with any ``tf.distribute`` strategy, callbacks and ``BackupAndRestore`` work
+unchanged. Checkpoints save ``trainer.body`` by layer name: they load into a ``yolo_body``
+built on one GPU or a CPU with no strategy.
+
+Loss reduction: :func:`yolo3.model.loss.yolo_loss` returns one value per image, ``(N, 1)``.
+Each replica differentiates ``sum(per_image) / global_batch`` (the local mean scaled by
+``1 / num_replicas``, Keras's own convention for distributed losses), so the summed
+gradients of the replicas equal the gradient of the mean over the global batch.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from yolo3.comm.allreduce import check_allreduce_dtype, install_gradient_reducer
+from yolo3.comm.local_steps import LocalStepsState, check_local_steps, install_local_reducer
+from yolo3.comm.powersgd import (
+    PowerSGDState,
+    check_compression,
+    compressible,
+    install_powersgd_reducer,
+)
+from yolo3.data.multiscale import resize_batch
+from yolo3.distributed import malloc
+from yolo3.model.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
+from yolo3.model.network import head_layer_names
+from yolo3.model.remat import RematForward
+from yolo3.model.resources import default_anchor_masks
+from yolo3.model.targets import build_targets
+
+# Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
+# YOLOv3 (as the original's first 185 Keras layers), the first five conv+pool stages for
+# tiny (the original's first 20 layers).
+BACKBONE_CONVS = {"yolov3": 52, "tiny": 5}
+OPTIMIZERS = ("adam", "sgd")
+# A train-step log: seconds between the step's request and its batch's arrival.
+INPUT_WAIT_KEY = "input_wait"
+# A train-step log, removed before callbacks see it: > 0 when any worker asked to stop.
+STOP_KEY = "stop_requested"
+
+
+@keras.saving.register_keras_serializable(package="yolo3")
+class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to ``peak``, then constant or cosine decay to ``final_fraction * peak``.
+
+    ``scale`` is an optional scalar variable multiplied in (1.0 unless a plateau callback
+    lowers it); it lives in the trainer so that checkpoints and backups restore it.
+    """
+
+    def __init__(
+        self, peak, warmup_steps, total_steps, kind="cosine", final_fraction=0.01, scale=None
+    ):
+        if kind not in ("cosine", "constant"):
+            raise ValueError(f"learning-rate schedule {kind!r}: use cosine or constant")
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = max(int(total_steps), 1)
+        self.kind = kind
+        self.final_fraction = float(final_fraction)
+        self.scale = scale
+
+    def value(self, step):
+        """The learning rate at ``step`` (a Python number or a tensor)."""
+        step = ops.cast(step, "float32")
+        warmup = ops.minimum(1.0, (step + 1.0) / max(self.warmup_steps, 1))
+        rate = self.peak * warmup
+        if self.kind == "cosine":
+            decay_steps = max(self.total_steps - self.warmup_steps, 1)
+            progress = ops.clip((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
+            cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
+            rate = rate * (self.final_fraction + (1.0 - self.final_fraction) * cosine)
+        return rate
+
+    def __call__(self, step):
+        rate = self.value(step)
+        return rate if self.scale is None else rate * ops.cast(self.scale, "float32")
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "kind": self.kind,
+            "final_fraction": self.final_fraction,
+        }
+
+
+@keras.saving.register_keras_serializable(package="yolo3")
+class ReplicaSafeLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras's dynamic loss scaling, with every replica agreeing whether to skip a step.
+
+    Under ``MirroredStrategy`` Keras 3.15 checks the gradients for infinities on the first
+    replica only, before they are summed across replicas: a step whose gradient overflows
+    on another replica is applied, and the summed infinity lands in every weight (and the
+    loss scale is not lowered). Here the check is all-reduced, so a step that overflows on
+    any replica is skipped on all of them and the scale halves, as on one device.
+    """
+
+    def check_finite(self, grads):
+        finite = super().check_finite(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return finite
+        # ReduceOp has SUM and MEAN only: count the replicas that saw an overflow.
+        overflows = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32)
+        )
+        return overflows == 0.0
+
+
+def make_optimizer(name, learning_rate, *, momentum=0.9):
+    """Adam (as the original keras-yolo3) or SGD with Nesterov-free momentum (as Darknet).
+
+    Under the ``mixed_float16`` policy it comes wrapped in
+    :class:`ReplicaSafeLossScaleOptimizer` (Keras would wrap it in its own, which is unsafe
+    with several replicas).
+    """
+    if name == "adam":
+        optimizer = keras.optimizers.Adam(learning_rate)
+    elif name == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
+    else:
+        raise ValueError(f"--optimizer {name!r}: use one of {OPTIMIZERS}")
+    if keras.mixed_precision.global_policy().name == "mixed_float16":
+        optimizer = ReplicaSafeLossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def scaled_learning_rate(base_lr, global_batch, reference_batch=64):
+    """The linear scaling rule: ``base_lr`` is for ``reference_batch`` images per step."""
+    return base_lr * global_batch / reference_batch
+
+
+def frozen_layer_names(body, model_type, freeze_body):
+    """Names of the layers ``--freeze-body`` freezes in stage one.
+
+    0: none. 1: the feature extractor (``BACKBONE_CONVS``). 2: everything except the
+    output convolutions (the heads), as the original's ``freeze_body=2``.
+    """
+    if freeze_body == 0:
+        return []
+    if freeze_body not in (1, 2):
+        raise ValueError(f"--freeze-body {freeze_body}: use 0, 1 or 2")
+    convs = sorted(
+        int(layer.name.split("_")[1]) for layer in body.layers if layer.name.startswith("conv_")
+    )
+    heads = {int(name.split("_")[1]) for name in head_layer_names(model_type)}
+    if freeze_body == 1:
+        frozen = [index for index in convs if index < BACKBONE_CONVS[model_type]]
+    else:
+        frozen = [index for index in convs if index not in heads]
+    names = set()
+    for index in frozen:
+        names.update({f"conv_{index}", f"bn_{index}"})
+    return sorted(name for name in names if _has_layer(body, name))
+
+
+def _has_layer(model, name):
+    try:
+        model.get_layer(name)
+    except ValueError:
+        return False
+    return True
+
+
+def set_frozen(body, names, frozen):
+    """Sets ``trainable = not frozen`` on the named layers (frozen BN runs in inference mode)."""
+    for name in names:
+        body.get_layer(name).trainable = not frozen
+
+
+def _add(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+class YoloTrainer(keras.Model):
+    """``model.fit``-able wrapper: ``call`` runs the body, ``compute_loss`` the YOLOv3 loss.
+
+    Args:
+        body: the bare detection model (``yolo_body`` or ``tiny_yolo_body``).
+        anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
+        num_classes: number of classes.
+        anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+        ignore_thresh: IoU above which a background prediction is not penalised.
+        remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
+            activations in the backward pass (:class:`yolo3.model.remat.RematForward`) to fit
+            larger batches; the loss and gradients stay the same.
+        multi_scale: a :class:`yolo3.data.multiscale.ScaleSchedule`: each train step resizes its
+            batch to the schedule's size for that step (the body must accept any size).
+        accumulate: micro-batches per optimizer step (Darknet's ``subdivisions``). Each
+            replica takes this many batches from the iterator, runs them one after another,
+            sums their gradients locally and all-reduces once. Batch norm normalises each
+            micro-batch with its own statistics (synchronised across replicas when the body
+            has synchronised batch norm) and updates its moving averages once per
+            micro-batch, as Darknet does; everything else equals one step on the
+            ``accumulate`` times larger batch.
+        allreduce_dtype: ``float32``, ``bfloat16`` or ``float16``: the dtype gradients are
+            summed across replicas in (:func:`yolo3.comm.allreduce.all_reduce_gradients`).
+        compress: ``none``, or ``powersgd``: the large convolution kernels' gradients are
+            all-reduced as rank-``rank`` factors with error feedback
+            (:mod:`yolo3.comm.powersgd`); ``compile`` builds the state (``trainer.powersgd``,
+            saved with the trainer) under the strategy's scope. Once per optimizer step, so
+            with ``accumulate`` the summed micro-batches are compressed together.
+        rank: the factors' rank with ``compress="powersgd"``.
+        local_steps: None, or ``H``: no all-reduce in the step; each replica applies its
+            own gradient, and :class:`yolo3.callbacks.LocalSync` synchronises the replicas
+            every ``H`` optimizer steps (:mod:`yolo3.comm.local_steps`). ``compile`` builds the
+            state (``trainer.local_state``, saved with the trainer) under the strategy's
+            scope, from the body's current weights.
+        outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
+            averaging; DiLoCo's Nesterov momentum otherwise).
+        overlap_sync: with ``local_steps``: ``T`` (or True: ``H``); each period's weight
+            changes travel during the first ``T`` steps of the next period, a chunk in each
+            train step beside its computation, and are applied there, ``T`` steps late
+            (:mod:`yolo3.comm.local_steps`).
+        dense_steps: with ``compress`` or ``local_steps``: the first ``dense_steps``
+            optimizer steps all-reduce the whole gradient (in ``allreduce_dtype``) as
+            ordinary training does; from then on the train function is rebuilt with the
+            compressed or local step. Decided by the optimizer's step counter, so a
+            resumed run switches at the same step. PowerSGD's authors start compression
+            after such a warm-up.
+
+    Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
+    per-level targets of :func:`yolo3.model.targets.build_targets`, or the padded boxes
+    ``(N, max_boxes, 5)`` they are built from (then built here, on the accelerator).
+    Logged metrics: ``loss`` (with regularisation) and ``xy_loss``, ``wh_loss``,
+    ``objectness_loss``, ``class_loss`` (per-image means).
+    """
+
+    def __init__(
+        self,
+        body,
+        *,
+        anchors,
+        num_classes,
+        anchor_masks=None,
+        ignore_thresh=IGNORE_THRESH,
+        remat="off",
+        multi_scale=None,
+        accumulate=1,
+        allreduce_dtype="float32",
+        compress="none",
+        rank=4,
+        local_steps=None,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        overlap_sync=False,
+        dense_steps=0,
+        **kwargs,
+    ):
+        super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
+        if int(accumulate) != accumulate or accumulate < 1:
+            raise ValueError(f"--accumulate {accumulate}: use a whole number of micro-batches >= 1")
+        self.accumulate = int(accumulate)
+        self.allreduce_dtype = check_allreduce_dtype(allreduce_dtype)
+        self.compress, self.rank = check_compression(compress, rank)
+        self.powersgd = None  # PowerSGDState, built by compile()
+        self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
+            local_steps, outer_lr, outer_momentum, overlap=overlap_sync
+        )
+        self.overlap_sync = overlap_sync or None
+        if self.local_steps is not None and self.compress != "none":
+            raise ValueError(
+                "--local-steps and --compress powersgd are two answers to one problem: the "
+                "synchronisation of --local-steps sends whole weights; pick one"
+            )
+        self.local_state = None  # LocalStepsState, built by compile()
+        if int(dense_steps) != dense_steps or dense_steps < 0:
+            raise ValueError(
+                f"--dense-steps {dense_steps}: use a whole number of optimizer steps >= 0"
+            )
+        if dense_steps and self.compress == "none" and self.local_steps is None:
+            raise ValueError(
+                "--dense-steps sets how many optimizer steps run uncompressed before "
+                "--compress powersgd or --local-steps takes over: pass one of them too"
+            )
+        self.dense_steps = int(dense_steps)
+        self.dense_phase = False  # set by compile(): the whole gradient is all-reduced
+        self.body = body
+        self.multi_scale = multi_scale
+        self.scale_history = []  # the size of every step this process has trained
+        self.scale_functions = {}  # size -> its compiled train function
+        self.remat = remat
+        self._remat_forward = None if remat == "off" else RematForward(body, remat)
+        self.anchors = np.asarray(anchors, np.float32)
+        self.num_classes = int(num_classes)
+        self.anchor_masks = tuple(
+            tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
+        )
+        self.ignore_thresh = float(ignore_thresh)
+        self._stop_flag = None
+        self.stop_requested = False  # set after each step: has any worker asked to stop?
+        self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
+        # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
+        self.lr_scale = self.add_weight(
+            shape=(), initializer="ones", trainable=False, name="lr_scale"
+        )
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        if self.optimizer is None:
+            return
+        if self.compress == "powersgd" and self.powersgd is None:
+            # Every kernel, frozen ones too: a frozen stage's kernels train later.
+            kernels = compressible(self.body.weights, self.rank)
+            self.powersgd = PowerSGDState(kernels, self.rank)
+        elif self.local_steps is not None and self.local_state is None:
+            self.local_state = LocalStepsState(
+                self.body.weights,
+                self.local_steps,
+                outer_lr=self.outer_lr,
+                outer_momentum=self.outer_momentum,
+                allreduce_dtype=self.allreduce_dtype,
+                overlap=self.overlap_sync,
+            )
+        self.dense_phase = self.dense_steps > 0
+        self._install_reducer()
+
+    def _install_reducer(self):
+        """Gives the optimizer the gradient reduction of the current phase."""
+        if self.dense_phase or (self.compress == "none" and self.local_steps is None):
+            if self.dense_phase or self.allreduce_dtype != "float32":
+                install_gradient_reducer(self.optimizer, self.allreduce_dtype)
+        elif self.compress == "powersgd":
+            install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
+        else:
+            install_local_reducer(self.optimizer)
+
+    def _end_dense_phase(self):
+        """From the next step on: the compressed or local step, in a new train function.
+
+        The replicas hold identical weights here (every step so far was all-reduced), so
+        local steps' anchors start from them.
+        """
+        self.dense_phase = False
+        self._install_reducer()
+        if self.local_state is not None:
+            self.local_state.reset(self.distribute_strategy)
+        self.make_train_function(force=True)
+
+    def attach_input_clock(self, clock):
+        """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
+
+        A callback sets it to ``time.time()`` before each step; the train function logs
+        ``INPUT_WAIT_KEY``, the seconds until its batch had arrived.
+        """
+        self._input_clock = clock
+        self.train_function = None
+
+    def attach_stop_flag(self, flag):
+        """Lets a worker ask the whole job to stop after the current step.
+
+        ``flag`` (float32 tf.Variable) is this worker's request (0 or 1); each step reduces
+        it over every replica of every worker along with the step's logs, which cost no
+        collective of its own, and sets ``stop_requested`` on every worker alike, so that
+        all of them stop after the same step.
+        """
+        self._stop_flag = flag
+        self.train_function = None
+
+    def _should_eval(self, epoch, validation_freq):
+        # A job asked to stop goes straight to its backup: no validation pass first.
+        return not self.stop_requested and super()._should_eval(epoch, validation_freq)
+
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        function = self._make_train_function(force)
+        if self._stop_flag is not None:
+            function = self._with_stop_requests(function)
+        if self.dense_phase:
+            function = self._until_dense_steps_end(function)
+        function = self._with_malloc_thresholds(function)
+        self.train_function = function
+        return function
+
+    def make_test_function(self, force=False):
+        if self.test_function is not None and not force:
+            return self.test_function
+        super().make_test_function(force=force)  # sets self.test_function
+        self.test_function = self._with_malloc_thresholds(self.test_function)
+        return self.test_function
+
+    def _with_malloc_thresholds(self, function):
+        """``function``, restoring glibc's malloc thresholds before each step where the
+        strategy's input iterators pin them (:mod:`yolo3.distributed.malloc`)."""
+        strategy = self.distribute_strategy
+        if not isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+        ):
+            return function
+
+        def step_function(iterator):
+            malloc.restore_thresholds()
+            return function(iterator)
+
+        return step_function
+
+    def _with_stop_requests(self, function):
+        def train_function(iterator):
+            logs = dict(function(iterator))
+            self.stop_requested = bool(logs.pop(STOP_KEY) > 0)
+            return logs
+
+        return train_function
+
+    def _until_dense_steps_end(self, function):
+        def train_function(iterator):
+            # The optimizer's step counter is the same on every replica and worker.
+            if int(self.optimizer.iterations.numpy()) >= self.dense_steps:
+                self._end_dense_phase()
+                return self.train_function(iterator)
+            return function(iterator)
+
+        return train_function
+
+    def _make_train_function(self, force):
+        """Keras's train function, with the batch's arrival stamped outside the step.
+
+        XLA has no kernel for ``tf.timestamp``, so the clock is read in an outer function
+        that takes the batch from the iterator and then calls the replicated step, which
+        Keras's own way compiles (with XLA when ``jit_compile`` is on). With ``multi_scale``
+        each size gets such a function of its own, with static shapes, and a Python
+        dispatcher calls the one for the step's size.
+        """
+        clock = getattr(self, "_input_clock", None)
+        own_step = self.multi_scale is not None or self.accumulate > 1
+        own_step = own_step or self._stop_flag is not None
+        if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
+            super().make_train_function(force=force)  # sets self.train_function
+            return self.train_function
+        if own_step and (self.run_eagerly or self.steps_per_execution != 1):
+            raise ValueError(
+                "multi-scale training, gradient accumulation and stop requests run one "
+                "compiled step per call"
+            )
+        if self.multi_scale is None:
+            self.train_function = self._sized_train_function(None, clock)
+            return self.train_function
+        functions = self.scale_functions = {}
+
+        def train_function(iterator):
+            # The optimizer's step counter is the same on every replica and worker.
+            size = self.multi_scale.size_at(int(self.optimizer.iterations.numpy()))
+            if size not in functions:
+                functions[size] = self._sized_train_function(size, clock)
+            self.scale_history.append(size)
+            return functions[size](iterator)
+
+        self.train_function = train_function
+        return train_function
+
+    def _sized_train_function(self, size, clock):
+        """The compiled step for one input ``size`` (None: the batch as it comes)."""
+        # The module's reduce_per_replica, looked up per trace: yolo3.distributed.keras_mwms
+        # replaces it.
+        from keras.src.backend.tensorflow import trainer as tf_trainer
+
+        strategy = self.distribute_strategy
+
+        def sized_step(data, stop):
+            if size is not None:
+                batches = data if self.accumulate > 1 else (data,)
+                batches = tuple(resize_batch(images, boxes, size) for images, boxes in batches)
+                data = batches if self.accumulate > 1 else batches[0]
+            logs = self.train_step(data)
+            if stop is not None:  # reduced with the logs: > 0 when any worker asked
+                logs = {**logs, STOP_KEY: stop}
+            return logs
+
+        def replicated_step(data, stop):
+            outputs = strategy.run(sized_step, args=(data, stop))
+            return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+        step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
+        flag = self._stop_flag
+
+        @tf.function(reduce_retracing=True)
+        def train_function(iterator):
+            if self.accumulate > 1:
+                data = tuple(iterator.get_next() for _ in range(self.accumulate))
+            else:
+                data = iterator.get_next()
+            # Read here, outside the compiled step: the flag is a host variable.
+            stop = None if flag is None else tf.identity(flag)
+            if clock is None:
+                return step(data, stop)
+            with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+                arrived = tf.timestamp()
+            # Nothing of the step may start before the arrival time is taken.
+            with tf.control_dependencies([arrived]):
+                logs = step(data, stop)
+            logs = dict(logs)
+            logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
+            return logs
+
+        return train_function
+
+    def train_step(self, data):
+        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches.
+
+        With overlapped local steps, the step also carries its share of the previous
+        period's synchronisation (independent of the rest of the step).
+        """
+        if self.local_state is not None and self.local_state.overlap and not self.dense_phase:
+            self.local_state.exchange()
+        if self.accumulate == 1:
+            return super().train_step(data)
+        from keras.src.losses import loss as loss_module
+
+        weights = self.trainable_weights
+        total = None
+        for x, y in data:
+            if total is not None:
+                # One micro-batch at a time: its forward pass waits for the previous
+                # gradients, so only one micro-batch's activations are alive at once.
+                with tf.control_dependencies(total):
+                    x = tf.identity(x)
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self._compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                # The loss of one micro-batch is 1/accumulate of its share: log the share.
+                self._loss_tracker.update_state(
+                    loss_module.unscale_loss_for_distribution(loss) * self.accumulate,
+                    sample_weight=tf.shape(x)[0],
+                )
+                loss = self.optimizer.scale_loss(loss)
+            grads = tape.gradient(loss, weights)
+            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
+        self.optimizer.apply_gradients(zip(total, weights))
+        return self.compute_metrics(x, y, y_pred)
+
+    def call(self, images, training=False):
+        if keras.backend.standardize_dtype(images.dtype) == "uint8":
+            images = ops.cast(images, self.compute_dtype) / 255.0
+        if training and self._remat_forward is not None:
+            return self._remat_forward(images)
+        return self.body(images, training=training)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        del sample_weight, training
+        outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
+        boxes = None
+        if not isinstance(y, (tuple, list)):  # padded boxes: targets are built here
+            # The batch's own size: a multi-scale body accepts any.
+            input_hw = tuple(x.shape[1:3]) if x is not None else self.body.input_shape[1:3]
+            boxes = y
+            y = build_targets(
+                boxes,
+                input_hw=input_hw,
+                anchors=self.anchors,
+                num_classes=self.num_classes,
+                anchor_masks=self.anchor_masks,
+            )
+        total, terms = yolo_loss(
+            tuple(y),
+            outputs,
+            anchors=self.anchors,
+            num_classes=self.num_classes,
+            ignore_thresh=self.ignore_thresh,
+            anchor_masks=self.anchor_masks,
+            true_boxes=boxes,
+        )
+        for tracker, term in zip(self.term_trackers, LOSS_TERMS):
+            tracker.update_state(terms[term])
+        return self.replica_loss(total)
+
+    def replica_loss(self, per_image):
+        """The scalar this replica differentiates: :func:`yolo3.model.loss.replica_loss` of
+        ``per_image`` (N, 1) over the global batch (this replica's N times the replicas and
+        the micro-batches, in equal shares), plus its share of the weight decay in float32.
+        Keras unscales it for the logs."""
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        global_batch = ops.shape(per_image)[0] * replicas * self.accumulate
+        weight_decay = [ops.cast(reg, "float32") / self.accumulate for reg in self.losses]
+        return replica_loss(per_image, global_batch, weight_decay)
+
+    @property
+    def metrics(self):
+        tracked = [m for m in super().metrics if all(m is not t for t in self.term_trackers)]
+        return tracked + list(self.term_trackers)

@@ -1,0 +1,807 @@
+"""The training job behind ``yolo3 train``: configuration, strategy, data, model, callbacks, fit.
+
+One code path for every layout: a CPU, one GPU, ``--gpus N`` (MirroredStrategy),
+``--cpu-replicas N`` (the same multi-device path on logical CPUs) and several machines
+(MultiWorkerMirroredStrategy from ``TF_CONFIG`` or Slurm). Only the strategy differs.
+
+Folder layout under ``--log-dir``::
+
+    config.json                the resolved configuration (written by the chief)
+    checkpoints/               template weights (last, best, every k) and the full state
+    backup/worker-N/           each worker's two newest backups, deleted when training ends
+    tensorboard/               loss terms, learning rate, images/s (chief only)
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from yolo3 import callbacks as yolo_callbacks
+from yolo3 import fileio
+from yolo3.checkpoint.weights import check_model_type, load_weights, read_metadata
+from yolo3.comm import allreduce as communication
+from yolo3.comm import local_steps
+from yolo3.comm.allreduce import ALLREDUCE_DTYPES
+from yolo3.comm.powersgd import COMPRESSIONS, FLOAT16_REFUSAL, powersgd_bytes
+from yolo3.data import multiscale, records
+from yolo3.data import pipeline as yolo_data
+from yolo3.distributed import devices
+from yolo3.distributed import strategy as distribute
+from yolo3.engine import resume
+from yolo3.engine.trainer import (
+    OPTIMIZERS,
+    WarmupSchedule,
+    YoloTrainer,
+    frozen_layer_names,
+    make_optimizer,
+    scaled_learning_rate,
+)
+from yolo3.model.loss import IGNORE_THRESH
+from yolo3.model.network import MODEL_TYPES, build_model
+from yolo3.model.remat import REMAT_CHOICES
+from yolo3.model.resources import (
+    default_anchor_masks,
+    model_type_for_anchors,
+    read_anchors,
+    shipped_anchors,
+)
+from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
+from yolo3.progress import resolve as resolve_progress
+
+PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+
+
+def anchors_file(config):
+    """The run's anchors file: ``config.anchors``, else the shipped one of its model type."""
+    return config.anchors or shipped_anchors(config.model or "tiny")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
+
+    records: str
+    log_dir: str
+    val_records: str | None = None
+    anchors: str | None = None  # None: the shipped anchors of ``model`` (tiny when None)
+    model: str | None = None  # from the anchor count when None
+    weights: str | None = None
+    freeze_body: int = 0
+    freeze_epochs: int = 0
+    epochs: int = 50
+    batch_size: int = 8  # per replica
+    lr: float = 1e-3  # for a global batch of lr_reference_batch
+    lr_reference_batch: int = 64
+    lr_schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    optimizer: str = "adam"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    mixed_precision: str = "auto"  # yolo3.distributed.devices.choose_precision
+    sync_bn: bool | None = None  # on with more than one replica when None
+    seed: int = 0
+    flip: float = 0.5
+    shuffle_buffer: int = 1024
+    ignore_thresh: float = IGNORE_THRESH
+    steps_per_epoch: int | None = None
+    checkpoint_every: int | None = None
+    map_every: int | None = None  # epochs between in-training mAP evaluations (chief)
+    backup_every: int | None = None  # steps; None backs up at epoch ends
+    reduce_lr_patience: int | None = None
+    early_stopping_patience: int | None = None
+    jit_compile: str = "auto"
+    remat: str = "off"  # yolo3.model.remat: recompute activations in the backward pass
+    multi_scale: str | None = None  # "auto" or "MIN:MAX": yolo3.data.multiscale
+    accumulate: int = 1  # micro-batches per optimizer step
+    allreduce_dtype: str = "float32"  # yolo3.comm.allreduce
+    compress: str = "none"  # yolo3.comm.powersgd: "powersgd" sends low-rank factors
+    rank: int = 4  # the factors' rank with compress="powersgd"
+    local_steps: int | None = None  # yolo3.comm.local_steps: optimizer steps between syncs
+    outer_lr: float = 1.0  # the outer step of each synchronisation (1, 0: averaging)
+    outer_momentum: float = 0.0
+    overlap_sync: int | None = None  # local steps' changes sent during the next T steps
+    dense_steps: int = 0  # steps of whole-gradient all-reduce before compress/local steps
+    collective_timeout: float | None = None  # seconds; None waits forever
+    bytes_per_pack: int = 0  # 0: TensorFlow decides
+    slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
+    gpus: int | None = None
+    cpu_replicas: int | None = None
+    memory_growth: bool = True
+    resume: bool = False
+    benchmark: bool = False  # synthetic in-memory data: the speed without input cost
+    progress: str = "auto"  # yolo3.progress: a bar on a terminal, else plain lines
+    log_every: int | None = None  # steps between progress lines (lines mode)
+    log_seconds: float = DEFAULT_SECONDS  # seconds between progress lines; 0: by steps only
+
+    def __post_init__(self):
+        checks = [
+            (
+                self.model is None or self.model in MODEL_TYPES,
+                f"--model-type: one of {MODEL_TYPES}",
+            ),
+            (self.freeze_body in (0, 1, 2), "--freeze-body: 0, 1 or 2"),
+            (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
+            (self.epochs >= 1, "--epochs must be >= 1"),
+            (self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.lr > 0, "--lr must be > 0"),
+            (self.optimizer in OPTIMIZERS, f"--optimizer: one of {OPTIMIZERS}"),
+            (
+                self.mixed_precision in devices.MIXED_PRECISION_CHOICES,
+                f"--mixed-precision: one of {devices.MIXED_PRECISION_CHOICES}",
+            ),
+            (self.lr_schedule in ("cosine", "constant"), "--lr-schedule: cosine or constant"),
+            (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            (
+                self.jit_compile in devices.JIT_COMPILE_CHOICES,
+                f"--jit-compile: one of {devices.JIT_COMPILE_CHOICES}",
+            ),
+            (self.remat in REMAT_CHOICES, f"--remat: one of {REMAT_CHOICES}"),
+            (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
+            (
+                self.allreduce_dtype in ALLREDUCE_DTYPES,
+                f"--allreduce-dtype: one of {ALLREDUCE_DTYPES}",
+            ),
+            (self.compress in COMPRESSIONS, f"--compress: one of {COMPRESSIONS}"),
+            (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
+            (
+                self.local_steps is None or self.local_steps >= 1,
+                "--local-steps must be >= 1 (optimizer steps between synchronisations)",
+            ),
+            (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
+            (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
+            (
+                not self.overlap_sync or self.local_steps is not None,
+                "--overlap-sync sends the weight changes of --local-steps during the steps: "
+                "pass --local-steps H too",
+            ),
+            (
+                self.overlap_sync is None
+                or self.local_steps is None
+                or 1 <= self.overlap_sync <= self.local_steps,
+                "--overlap-sync T must be from 1 to --local-steps H",
+            ),
+            (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
+            (
+                not self.dense_steps or self.compress != "none" or self.local_steps is not None,
+                "--dense-steps sets the uncompressed steps before --compress powersgd or "
+                "--local-steps: pass one of them too",
+            ),
+            (
+                self.collective_timeout is None or self.collective_timeout > 0,
+                "--collective-timeout must be a positive number of seconds",
+            ),
+            (
+                self.progress in PROGRESS_CHOICES,
+                f"--progress: one of {PROGRESS_CHOICES}",
+            ),
+            (self.bytes_per_pack >= 0, "--bytes-per-pack must be >= 0 (0: automatic)"),
+            (
+                self.slurm_port_base is None or 1024 <= self.slurm_port_base <= 65535,
+                "--slurm-port-base must be a TCP port in [1024, 65535]",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        check_interval(self.log_every, self.log_seconds)
+        if self.freeze_body and not self.freeze_epochs:
+            raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
+
+
+class XlaCompileError(RuntimeError):
+    """The train step did not compile with XLA; ``--jit-compile off`` avoids it."""
+
+
+class CollectiveError(RuntimeError):
+    """A multi-worker collective failed or timed out: a worker died or is unreachable."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    history: dict
+    epochs_done: int
+    checkpoint_dir: str
+    global_batch_size: int
+    num_replicas: int
+    is_chief: bool
+    stopped_reason: str | None = None
+    throughput: list = dataclasses.field(default_factory=list)
+    trainer: object = None  # the YoloTrainer; trainer.body is the template model
+    preempted_at: tuple | None = None  # (epoch, optimizer step) a stop request ended it at
+
+
+def gpus_in_use(config):
+    """The :class:`yolo3.distributed.devices.GpuInfo` of the GPUs this process trains on (empty:
+    CPU)."""
+    if config.cpu_replicas is not None or config.gpus == 0:
+        return ()
+    return devices.describe_gpus(config.gpus)
+
+
+def configure(config):
+    """Device layout and precision; must run before TensorFlow initialises its devices.
+
+    Returns the precision in force: ``"off"``, ``"float16"`` or ``"bfloat16"``.
+    """
+    distribute.configure_devices(
+        gpus=config.gpus, cpu_replicas=config.cpu_replicas, memory_growth=config.memory_growth
+    )
+    precision = devices.choose_precision(config.mixed_precision, gpus_in_use(config))
+    keras.mixed_precision.set_global_policy(PRECISIONS[precision] or "float32")
+    return precision
+
+
+def _load_initial_weights(body, config, log):
+    if not config.weights:
+        return
+    report = load_weights(body, config.weights, skip_mismatch=True)
+    log(
+        f"weights {config.weights}: {len(report['loaded'])} layers loaded, "
+        f"{len(report['skipped'])} skipped, {len(report['missing'])} not in the file"
+    )
+    for name, reason in report["skipped"]:
+        log(f"  skipped {name}: {reason}")
+
+
+def _datasets(config, strategy, record_set, val_source, anchors, anchor_masks, num_classes):
+    def train_fn(context):
+        if config.benchmark:
+            return yolo_data.synthetic_dataset(
+                batch_size=config.batch_size,
+                input_hw=record_set.input_hw,
+                anchors=anchors,
+                num_classes=num_classes,
+                anchor_masks=anchor_masks,
+                seed=config.seed + context.input_pipeline_id,
+            )
+        return _train_records(config, record_set, anchors, num_classes, anchor_masks, context)
+
+    def val_fn(context):
+        # Repeated, with a fixed step count: every worker must run the same number of
+        # steps, or the collective ops of a multi-worker job wait forever.
+        val_set, val_split = val_source
+        return yolo_data.make_dataset(
+            val_set,
+            val_split,
+            batch_size=config.batch_size,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+            training=False,
+            repeat=True,
+            drop_remainder=True,
+            input_context=context,
+            targets=False,
+        )
+
+    train = strategy.distribute_datasets_from_function(train_fn)
+    val = strategy.distribute_datasets_from_function(val_fn) if val_source else None
+    return train, val
+
+
+def _train_records(config, record_set, anchors, num_classes, anchor_masks=None, context=None):
+    """The training split as the trainer reads it: uint8 images and padded boxes."""
+    return yolo_data.make_dataset(
+        record_set,
+        "train",
+        batch_size=config.batch_size,
+        anchors=anchors,
+        num_classes=num_classes,
+        anchor_masks=anchor_masks,
+        training=True,
+        seed=config.seed,
+        flip=config.flip,
+        shuffle_buffer=config.shuffle_buffer,
+        input_context=context,
+        targets=False,  # built in the train step, on the accelerator
+    )
+
+
+def _validation_source(config, record_set):
+    """``(RecordSet, split)`` to validate on, or None; each record set is opened once."""
+    if config.val_records:
+        val_set = records.open_record_set(config.val_records)
+        return val_set, "val" if val_set.has_split("val") else "train"
+    if record_set.has_split("val"):
+        return record_set, "val"
+    return None
+
+
+def _accumulate_text(config):
+    return f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
+
+
+def _allreduce_text(config, body):
+    """The all-reduce's dtype, and with compression or local steps the bytes it sends."""
+    text = _reduction_text(config, body)
+    if not config.dense_steps:
+        return text
+    return f"the whole gradient for the first {config.dense_steps} steps, then {text}"
+
+
+def _reduction_text(config, body):
+    if config.local_steps is not None:
+        sent = local_steps.sync_bytes(body.weights, config.allreduce_dtype)
+        outer = "averaging"
+        if config.outer_lr != 1.0 or config.outer_momentum:
+            outer = f"outer lr {config.outer_lr:g}, Nesterov momentum {config.outer_momentum:g}"
+        when = f"every {config.local_steps} steps"
+        if config.overlap_sync:
+            steps = config.overlap_sync
+            when += f", sent during the next {steps} step{'s' if steps > 1 else ''}"
+        return (
+            f"none in the step; weight changes {when} in "
+            f"{config.allreduce_dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
+        )
+    if config.compress == "none":
+        return config.allreduce_dtype
+    weights = body.trainable_weights
+    sent = powersgd_bytes(weights, config.rank, config.allreduce_dtype)
+    full = communication.allreduce_bytes(weights, config.allreduce_dtype)
+    return (
+        f"{config.allreduce_dtype} + PowerSGD rank {config.rank} ({sent / 1e6:.2f} MB per step "
+        f"per worker, {full / 1e6:.2f} MB uncompressed)"
+    )
+
+
+def _sizes_text(scales):
+    if scales is None:
+        return "off"
+    return f"{scales.sizes[0]}-{scales.sizes[-1]} ({len(scales.sizes)} sizes)"
+
+
+def _check_fresh_log_dir(config, info, checkpoint_dir, backup_root):
+    """A new run refuses a log folder holding another run; ``--resume`` continues it."""
+    if config.resume:
+        return
+    has_backup = os.path.isdir(backup_root) and any(os.scandir(backup_root))
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is not None and not has_backup:
+        raise ValueError(
+            f"{config.log_dir} holds a finished or interrupted run (epoch "
+            f"{state[1].get('epoch')}); pass --resume to continue it, or choose another --log-dir"
+        )
+
+
+def run(config, *, log=print):
+    """Trains as ``config`` says. :func:`configure` must have run first.
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    started = time.perf_counter()
+    progress = resolve_progress(config.progress)
+    keras.utils.set_random_seed(config.seed)
+    strategy = distribute.make_strategy(
+        gpus=config.gpus,
+        cpu_replicas=config.cpu_replicas,
+        slurm_port_base=config.slurm_port_base or distribute.default_slurm_port_base(),
+        communication=communication.communication_options(
+            config.bytes_per_pack, config.collective_timeout
+        ),
+    )
+    info = distribute.worker_info(strategy)
+    replicas = strategy.num_replicas_in_sync
+    # Images per optimizer step: the learning rate, steps per epoch and images/s use it.
+    global_batch = config.batch_size * replicas * config.accumulate
+    # Each record set's manifest is read once, here, and handed on as a RecordSet.
+    record_set = records.open_record_set(config.records)
+    val_source = _validation_source(config, record_set)
+    classes = record_set.classes
+    num_classes = len(classes)
+    input_hw = record_set.input_hw
+    anchors = read_anchors(anchors_file(config))
+    model_type = config.model or model_type_for_anchors(len(anchors))
+    if model_type != model_type_for_anchors(len(anchors)):
+        raise ValueError(
+            f"--model-type {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
+            f"{anchors_file(config)} has {len(anchors)}"
+        )
+    if config.weights:
+        check_model_type(model_type, config.weights)  # before any model is built
+    anchor_masks = default_anchor_masks(len(anchors))
+    if config.local_steps is not None and config.sync_bn:
+        raise ValueError(
+            "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
+            "use --sync-bn off (each synchronisation averages the batch-norm statistics)"
+        )
+    local = config.local_steps is not None
+    sync_bn = replicas > 1 and not local if config.sync_bn is None else config.sync_bn
+    jit_compile = devices.choose_jit_compile(
+        config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
+    )
+    precision = keras.mixed_precision.global_policy().name
+
+    checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
+    backup_root = os.path.join(config.log_dir, "backup")
+    _check_fresh_log_dir(config, info, checkpoint_dir, backup_root)
+
+    steps = config.steps_per_epoch or max(1, record_set.num_records("train") // global_batch)
+    total_steps = steps * config.epochs
+    scales = None
+    if config.multi_scale:
+        sizes = multiscale.parse_sizes(config.multi_scale, input_hw)
+        scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
+    peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
+    if config.compress != "none" and precision == "mixed_float16":
+        raise ValueError(FLOAT16_REFUSAL)
+    # What config.json records beside the flags; a resumed run is checked against it.
+    resolved = {
+        "model": model_type,
+        "classes": classes,
+        "anchors": np.asarray(anchors).tolist(),
+        "input_size": list(input_hw),
+        "num_replicas": replicas,
+        "num_workers": info.num_workers,
+        "global_batch_size": global_batch,
+        "peak_lr": peak_lr,
+        "steps_per_epoch": steps,
+        "sync_bn": sync_bn,
+        "jit_compile": jit_compile,
+        "multi_scale_sizes": list(scales.sizes) if scales else None,
+        "precision": precision,
+    }
+    if config.resume:
+        resume.check_resumed(
+            resume.read_saved(config.log_dir), dataclasses.asdict(config), resolved, log=log
+        )
+
+    with strategy.scope():
+        body = build_model(
+            model_type,
+            num_classes,
+            input_size=None if scales else input_hw,  # multi-scale: any size
+            weight_decay=config.weight_decay,
+            synchronized_bn=sync_bn,
+        )
+        # After the model is built: the line gives the bytes of its all-reduce.
+        log(
+            f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
+            f"{replicas} replicas x {config.batch_size}{_accumulate_text(config)} = global "
+            f"batch {global_batch}; all-reduce {_allreduce_text(config, body)}; "
+            f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
+            f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
+            f"precision {precision}; remat {config.remat}; "
+            f"multi-scale {_sizes_text(scales)}; "
+            f"worker {info.worker_index + 1}/{info.num_workers}"
+        )
+        _load_initial_weights(body, config, log)
+        trainer = YoloTrainer(
+            body,
+            anchors=anchors,
+            num_classes=num_classes,
+            anchor_masks=anchor_masks,
+            ignore_thresh=config.ignore_thresh,
+            remat=config.remat,
+            multi_scale=scales,
+            accumulate=config.accumulate,
+            allreduce_dtype=config.allreduce_dtype,
+            compress=config.compress,
+            rank=config.rank,
+            local_steps=config.local_steps,
+            outer_lr=config.outer_lr,
+            outer_momentum=config.outer_momentum,
+            overlap_sync=config.overlap_sync,
+            dense_steps=config.dense_steps,
+        )
+        lr_schedule = WarmupSchedule(
+            peak_lr,
+            warmup_steps=round(config.warmup_epochs * steps),
+            total_steps=total_steps,
+            kind=config.lr_schedule,
+            scale=trainer.lr_scale,
+        )
+        optimizer = make_optimizer(config.optimizer, lr_schedule, momentum=config.momentum)
+        trainer.compile(optimizer=optimizer, jit_compile=jit_compile)
+        trainer.build((None, *input_hw, 3))
+        # Built for every variable before any freezing, so unfreezing later and restoring
+        # a backup find the slots they expect.
+        trainer.optimizer.build(trainer.trainable_variables)
+
+    initial_epoch = 0
+    if config.resume:
+        initial_epoch = _restore_state(trainer, checkpoint_dir, log)
+
+    train_data, val_data = _datasets(
+        config, strategy, record_set, val_source, anchors, anchor_masks, num_classes
+    )
+    val_steps = None
+    if val_data is not None:
+        val_records = val_source[0].num_records(val_source[1])
+        eval_batch = config.batch_size * replicas  # no micro-batches in validation
+        val_steps = max(1, val_records // eval_batch)
+        if val_records < eval_batch:
+            log(
+                f"validation: {val_records} images, under one global batch of {eval_batch}; "
+                "each pass repeats some of them"
+            )
+        elif val_records % eval_batch:
+            log(
+                f"validation: {val_steps * eval_batch} of {val_records} images per pass "
+                f"(whole global batches of {eval_batch})"
+            )
+
+    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+    trainer.attach_input_clock(clock)
+    metadata = {
+        "model_type": model_type,
+        "num_classes": num_classes,
+        "classes": classes,
+        "anchors": np.asarray(anchors).tolist(),
+        "anchor_masks": [list(mask) for mask in anchor_masks],
+        "input_size": list(input_hw),
+    }
+    if info.is_chief:
+        os.makedirs(config.log_dir, exist_ok=True)
+        fileio.write_json(
+            os.path.join(config.log_dir, "config.json"),
+            {**dataclasses.asdict(config), "resolved": resolved},
+        )
+    monitor = "val_loss" if val_data is not None else "loss"
+    backup = yolo_callbacks.WorkerBackup(
+        os.path.join(backup_root, f"worker-{info.worker_index}"),
+        steps_per_epoch=steps,
+        every_steps=config.backup_every,
+        log=log,
+    )
+    # Every worker takes part, with or without backups of its own: they agree on a step.
+    position = backup.restore(trainer, strategy)
+    if position is not None:
+        initial_epoch = position.epoch
+    stop_flag = yolo_callbacks.make_stop_flag()
+    trainer.attach_stop_flag(stop_flag)
+    preemption = yolo_callbacks.Preemption(stop_flag, log=log)
+    callback_list, throughput, nonfinite = _callbacks(
+        config,
+        progress=progress,
+        trainer=trainer,
+        info=info,
+        model_type=model_type,
+        metadata=metadata,
+        clock=clock,
+        global_batch=global_batch,
+        monitor=monitor,
+        checkpoint_dir=checkpoint_dir,
+        map_source=val_source,
+        backup=backup,
+        preemption=preemption,
+        log=log,
+    )
+
+    def fit(first_epoch, last_epoch, steps_per_epoch):
+        return trainer.fit(
+            train_data,
+            epochs=last_epoch,
+            initial_epoch=first_epoch,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=val_data,
+            validation_steps=val_steps,
+            callbacks=callback_list,
+            shuffle=False,  # the pipeline shuffles; Keras cannot shuffle a dataset
+            verbose=1 if progress == "bar" and info.is_chief else 0,
+        ).history
+
+    history = {}
+    try:
+        with preemption.installed():
+            first = initial_epoch
+            if position is not None and position.batch and first < config.epochs:
+                # A mid-epoch backup: the rest of that epoch first, then whole epochs.
+                _extend(history, fit(first, first + 1, steps - position.batch))
+                first += 1
+            if first < config.epochs and not trainer.stop_training:
+                _extend(history, fit(first, config.epochs, steps))
+    except _COLLECTIVE_FAILURES as error:
+        if info.num_workers == 1:
+            raise
+        raise CollectiveError(
+            f"worker {info.worker_index}: a collective with the other workers failed "
+            f"({type(error).__name__}: {_cause(error)}); a worker died or cannot be reached. "
+            "Each worker's backups hold its last saved steps: start the same command on every "
+            "worker again to resume"
+        ) from error
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        if not jit_compile or "XLA" not in str(error):
+            raise
+        first_line = next((line for line in str(error).splitlines() if "XLA" in line), "")
+        raise XlaCompileError(
+            f"XLA could not compile the train step ({first_line.strip()}); rerun with "
+            "--jit-compile off"
+        ) from error
+    epochs_done = initial_epoch + len(history.get("loss", []))
+    if preemption.stopped_at is not None:
+        epochs_done = preemption.stopped_at[0]  # the epoch under way did not finish
+    else:
+        # Finished, or stopped on its own (early stopping, a non-finite loss): nothing
+        # to resume from.
+        backup.remove()
+    log(f"trained to epoch {epochs_done} in {time.perf_counter() - started:.1f} s")
+    if info.is_chief and preemption.stopped_at is None:
+        for line in _summary(config, checkpoint_dir):
+            log(line)
+    return TrainResult(
+        history=history,
+        epochs_done=epochs_done,
+        checkpoint_dir=checkpoint_dir,
+        global_batch_size=global_batch,
+        num_replicas=replicas,
+        is_chief=info.is_chief,
+        stopped_reason=nonfinite.message,
+        throughput=throughput.history,
+        trainer=trainer,
+        preempted_at=preemption.stopped_at,
+    )
+
+
+def _summary(config, checkpoint_dir):
+    """The lines that end a run: the best epoch, where the weights are, what to run next."""
+    last = os.path.join(checkpoint_dir, yolo_callbacks.LAST)
+    best = os.path.join(checkpoint_dir, yolo_callbacks.BEST)
+    if not os.path.exists(last):
+        return []  # no epoch finished with a finite loss
+    chosen, validated, lines = last, False, []
+    if os.path.exists(best):
+        saved = read_metadata(best) or {}
+        logs = saved.get("logs", {})
+        validated = "val_loss" in logs
+        figures = [f"{key} {logs[key]:.4g}" for key in ("val_loss", "val_mAP50") if key in logs]
+        if not validated and "loss" in logs:
+            figures = [f"training loss {logs['loss']:.4g} (no validation split)"]
+        lines.append(f"best epoch {saved.get('epoch')}: {', '.join(figures)}")
+        lines.append(f"weights: {best} (best), {last} (last)")
+        chosen = best
+    else:
+        lines.append(f"weights: {last}")
+    output = os.path.join(config.log_dir, "detect")
+    lines.append(f"next: yolo3 detect --weights {chosen} --output {output} IMAGES_OR_FOLDERS")
+    if validated:
+        lines.append(f"      yolo3 evaluate --weights {chosen} --records {config.records}")
+    return lines
+
+
+def _extend(history, more):
+    for key, values in more.items():
+        history.setdefault(key, []).extend(values)
+
+
+# What a collective raises when another worker died, froze or cannot be reached.
+_COLLECTIVE_FAILURES = (
+    tf.errors.DeadlineExceededError,
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+
+def _cause(error):
+    """The line of a collective's error that says what happened (not the traceback)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        lowered = line.lower()
+        if any(word in lowered for word in ("heartbeat", "deadline", "timed out", "unhealthy")):
+            return line[:300]
+    return lines[0][:300] if lines else "no message"
+
+
+def _callbacks(
+    config, *, progress, trainer, info, model_type, metadata, clock, global_batch, monitor,
+    checkpoint_dir, map_source, backup, preemption, log,
+):  # fmt: skip
+    """The callbacks of a run, in the order they must see each epoch's logs.
+
+    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard
+    and the checkpoints, which record them.
+    """
+    body = trainer.body
+    # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
+    # In lines mode the epoch's line carries images/s and the input wait already.
+    epoch_log = {"bar": lambda message: log(f"\n{message}"), "off": log}.get(progress)
+    throughput = yolo_callbacks.Throughput(
+        global_batch, clock, log=epoch_log if info.is_chief else None
+    )
+    nonfinite = yolo_callbacks.StopOnNonFinite()
+    # First: a synchronisation before anything reads or saves the weights.
+    ordered = (
+        []
+        if trainer.local_state is None
+        else [yolo_callbacks.LocalSync(trainer.local_state, backup)]
+    )
+    ordered.append(preemption)
+    if config.freeze_body:
+        names = frozen_layer_names(body, model_type, config.freeze_body)
+        ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
+    ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
+    if config.map_every and map_source and info.is_chief:
+        ordered.append(
+            yolo_callbacks.MapEvaluation(
+                body,
+                map_source[0],
+                split=map_source[1],
+                anchors=metadata["anchors"],
+                class_names=metadata["classes"],
+                every=config.map_every,
+                tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
+                log=log,
+            )
+        )
+    if progress == "lines" and info.is_chief:
+        ordered.append(
+            yolo_callbacks.ProgressLines(
+                global_batch, every=config.log_every, seconds=config.log_seconds, log=log
+            )
+        )
+    if info.is_chief:
+        ordered.append(
+            keras.callbacks.TensorBoard(
+                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
+            )
+        )
+    ordered += [
+        backup,
+        yolo_callbacks.TemplateCheckpoint(
+            checkpoint_dir,
+            body,
+            worker=info,
+            every=config.checkpoint_every,
+            monitor=monitor,
+            metadata=metadata,
+        ),
+    ]
+    if config.reduce_lr_patience:
+        ordered.append(
+            yolo_callbacks.PlateauScale(
+                trainer.lr_scale, monitor=monitor, patience=config.reduce_lr_patience, log=log
+            )
+        )
+    if config.early_stopping_patience:
+        ordered.append(
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, patience=config.early_stopping_patience, verbose=1
+            )
+        )
+    return ordered, throughput, nonfinite
+
+
+def _restore_state(trainer, checkpoint_dir, log):
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is None:
+        raise FileNotFoundError(
+            f"--resume: no training state in {checkpoint_dir}; start without --resume"
+        )
+    path, metadata = state
+    trainer.load_weights(path)
+    epoch = int(metadata["epoch"])
+    step = int(trainer.optimizer.iterations.value.numpy())
+    log(f"resumed from {path}: {epoch} epochs done, optimizer step {step}")
+    return epoch
+
+
+def read_config(path):
+    """The TrainConfig saved in ``config.json`` (its ``resolved`` part dropped)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    data.pop("resolved", None)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in data.items() if k in fields})
+
+
+def test_io(config, *, seconds, log=print):
+    """Reads the training pipeline alone for ``seconds`` and prints images/s (``--test-io``).
+
+    Compare with the images/s of ``--benchmark`` (training without input cost): when the
+    pipeline alone is not well above it, training is input-bound.
+    """
+    record_set = records.open_record_set(config.records)
+    anchors = read_anchors(anchors_file(config))
+    dataset = _train_records(config, record_set, anchors, len(record_set.classes))
+    figures = yolo_data.measure_throughput(dataset, seconds=seconds)
+    log(
+        f"input pipeline alone: {figures['images_per_second']:.1f} images/s "
+        f"({figures['batches']} batches of {config.batch_size} in {figures['seconds']:.1f} s)"
+    )
+    return 0

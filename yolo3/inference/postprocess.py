@@ -1,0 +1,241 @@
+"""From raw YOLO heads to boxes in original-image pixels: decode, undo letterbox, batched NMS.
+
+Everything here is TensorFlow ops, so it runs eagerly, in a ``tf.function`` or after the
+model inside a serving graph. Box format throughout: ``x_min, y_min, x_max, y_max``.
+
+A raw head of one level has shape ``(N, H / stride, W / stride, num_anchors * (5 + C))``;
+each anchor's channels are ``[tx, ty, tw, th, objectness, class logits...]`` with the anchor
+as the slower axis, so it reshapes to ``(N, H / stride, W / stride, num_anchors, 5 + C)``.
+Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
+"""
+
+import tensorflow as tf
+
+from yolo3.model.resources import default_anchor_masks
+
+
+def _as_hw(size):
+    """``(height, width)`` from one int (square) or a pair; entries may be scalar tensors."""
+    if isinstance(size, (tuple, list)) or len(getattr(size, "shape", ())) == 1:
+        return size[0], size[1]
+    return size, size
+
+
+def _check_heads(outputs, anchors, anchor_masks, num_classes):
+    if len(outputs) != len(anchor_masks):
+        raise ValueError(
+            f"{len(outputs)} output heads but {len(anchor_masks)} anchor masks "
+            f"{anchor_masks}; YOLOv3 has 3 heads (9 anchors), tiny-YOLOv3 2 (6 anchors)"
+        )
+    num_anchors = int(anchors.shape[0])
+    for level, (output, mask) in enumerate(zip(outputs, anchor_masks, strict=True)):
+        if any(not 0 <= index < num_anchors for index in mask):
+            raise ValueError(f"anchor mask {mask} indexes outside the {num_anchors} anchors")
+        channels = output.shape[-1]
+        expected = len(mask) * (5 + num_classes)
+        if channels is not None and channels != expected:
+            raise ValueError(
+                f"head {level} has {channels} channels; {len(mask)} anchors x (5 + "
+                f"{num_classes} classes) needs {expected}. Is the classes file the one the "
+                f"model was built for ({channels / len(mask) - 5:g} classes)?"
+            )
+
+
+def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
+    """Decodes raw heads into boxes and per-class scores.
+
+    Args:
+        outputs: list of raw heads, largest stride first, each
+            ``(N, H_l, W_l, len(mask_l) * (5 + num_classes))`` float (cast to float32).
+        anchors: ``(num_anchors, 2)`` anchor ``(width, height)`` in input pixels.
+        anchor_masks: per head, the indices into ``anchors`` it predicts, e.g.
+            ``((6, 7, 8), (3, 4, 5), (0, 1, 2))``.
+        num_classes: number of classes C.
+        input_hw: ``(height, width)`` of the network input in pixels (or one int).
+
+    Returns:
+        ``boxes`` ``(N, total_boxes, 4)`` float32, ``x_min, y_min, x_max, y_max`` in
+        letterboxed input pixels, and ``scores`` ``(N, total_boxes, C)`` float32,
+        ``sigmoid(objectness) * sigmoid(class logit)``, where
+        ``total_boxes = sum_l H_l * W_l * len(mask_l)``. The box centre is
+        ``(sigmoid(t_xy) + cell) / grid_size * input_size`` and its size
+        ``exp(t_wh) * anchor``.
+    """
+    anchors = tf.convert_to_tensor(anchors, tf.float32)
+    _check_heads(outputs, anchors, anchor_masks, num_classes)
+    input_h, input_w = _as_hw(input_hw)
+    input_wh = tf.cast(tf.stack([input_w, input_h]), tf.float32)
+    all_boxes, all_scores = [], []
+    for output, mask in zip(outputs, anchor_masks, strict=True):
+        # Mixed-precision models emit float16; exp and sigmoid need float32 headroom.
+        output = tf.cast(output, tf.float32)
+        shape = tf.shape(output)
+        batch, grid_h, grid_w = shape[0], shape[1], shape[2]
+        num_level_anchors = len(mask)
+        output = tf.reshape(output, [batch, grid_h, grid_w, num_level_anchors, 5 + num_classes])
+
+        # cell[row, col] = (col, row), broadcast over the anchor axis.
+        cols, rows = tf.meshgrid(tf.range(grid_w), tf.range(grid_h))
+        cell = tf.expand_dims(tf.cast(tf.stack([cols, rows], axis=-1), tf.float32), 2)
+        grid_wh = tf.cast(tf.stack([grid_w, grid_h]), tf.float32)
+        level_anchors = tf.gather(anchors, list(mask))  # (num_level_anchors, 2)
+
+        centre = (tf.sigmoid(output[..., 0:2]) + cell) / grid_wh * input_wh
+        size = tf.exp(output[..., 2:4]) * level_anchors
+        boxes = tf.concat([centre - size / 2, centre + size / 2], axis=-1)
+        scores = tf.sigmoid(output[..., 4:5]) * tf.sigmoid(output[..., 5:])
+        all_boxes.append(tf.reshape(boxes, [batch, -1, 4]))
+        all_scores.append(tf.reshape(scores, [batch, -1, num_classes]))
+    return tf.concat(all_boxes, axis=1), tf.concat(all_scores, axis=1)
+
+
+def letterbox_geometry_tf(image_hw, input_hw):
+    """:func:`yolo3.data.image.letterbox_geometry` for a batch in TensorFlow ops (tf.function-safe).
+
+    Args:
+        image_hw: ``(N, 2)`` integer tensor of original ``(height, width)`` in pixels.
+        input_hw: ``(height, width)`` of the network input, Python ints or scalar tensors.
+
+    Returns:
+        ``scale_yx`` ``(N, 2)`` float32 (``new_h / image_h``, ``new_w / image_w``) and
+        ``offset_yx`` ``(N, 2)`` float32 (``offset_y``, ``offset_x``) in input pixels.
+    """
+    # Integer arithmetic, as the Python twin. int32 holds the products (input size x image
+    # size) for images up to about 5 million pixels on a side at 416, and it is the integer
+    # width that every exporter (TFLite's builtin floor division included) supports.
+    image_hw = tf.cast(image_hw, tf.int32)
+    image_h, image_w = image_hw[:, 0], image_hw[:, 1]
+    input_h = tf.cast(input_hw[0], tf.int32)
+    input_w = tf.cast(input_hw[1], tf.int32)
+    width_limited = input_w * image_h <= input_h * image_w
+    new_w = tf.where(width_limited, input_w, image_w * input_h // image_h)
+    new_h = tf.where(width_limited, image_h * input_w // image_w, input_h)
+    new_w, new_h = tf.maximum(new_w, 1), tf.maximum(new_h, 1)
+    offset_yx = tf.stack([(input_h - new_h) // 2, (input_w - new_w) // 2], axis=-1)
+    # float32 division of exact integers is the correctly rounded ratio.
+    scale_yx = tf.cast(tf.stack([new_h, new_w], axis=-1), tf.float32) / tf.cast(
+        image_hw, tf.float32
+    )
+    return scale_yx, tf.cast(offset_yx, tf.float32)
+
+
+def undo_letterbox(boxes, image_hw, input_hw):
+    """Maps boxes from letterboxed input pixels back to original-image pixels.
+
+    Args:
+        boxes: ``(N, num_boxes, 4)`` float, ``x_min, y_min, x_max, y_max`` in input pixels.
+        image_hw: ``(N, 2)`` integer original ``(height, width)`` of each image.
+        input_hw: ``(height, width)`` of the network input (or one int).
+
+    Returns:
+        ``(N, num_boxes, 4)`` float32 in original pixels, clipped to ``[0, width]`` x
+        ``[0, height]``. The geometry is :func:`yolo3.data.image.letterbox_geometry`'s.
+    """
+    boxes = tf.cast(boxes, tf.float32)
+    scale_yx, offset_yx = letterbox_geometry_tf(image_hw, _as_hw(input_hw))
+    # (N, 2) in y, x order -> (N, 1, 4) in x_min, y_min, x_max, y_max order.
+    scale = tf.expand_dims(tf.tile(tf.reverse(scale_yx, axis=[-1]), [1, 2]), 1)
+    offset = tf.expand_dims(tf.tile(tf.reverse(offset_yx, axis=[-1]), [1, 2]), 1)
+    image_wh = tf.reverse(tf.cast(image_hw, tf.float32), axis=[-1])
+    upper = tf.expand_dims(tf.tile(image_wh, [1, 2]), 1)
+    return tf.clip_by_value((boxes - offset) / scale, 0.0, upper)
+
+
+def batched_nms(boxes, scores, *, score_threshold=0.3, iou_threshold=0.45, max_detections=100):
+    """Class-wise non-maximum suppression for a batch, with padded outputs.
+
+    Args:
+        boxes: ``(N, num_boxes, 4)`` float32 ``x_min, y_min, x_max, y_max`` (any units).
+        scores: ``(N, num_boxes, C)`` float32 per-class scores in [0, 1].
+        score_threshold: (box, class) pairs scoring at or below it are dropped first.
+        iou_threshold: a box is suppressed by a higher-scoring box of the same class
+            overlapping it with IoU above this.
+        max_detections: detections kept per image (and per class), highest scores first.
+
+    Returns:
+        ``boxes`` ``(N, max_detections, 4)`` float32, ``scores`` ``(N, max_detections)``
+        float32, ``classes`` ``(N, max_detections)`` int32 and ``num_detections`` ``(N,)``
+        int32. Rows past ``num_detections[i]`` are zero padding.
+    """
+    # One box shared by all classes (q = 1). IoU is the same whichever axis comes first, so
+    # x-first boxes go in unchanged; clip_boxes=False because these are pixels, not [0, 1].
+    nmsed_boxes, nmsed_scores, nmsed_classes, num_detections = (
+        tf.image.combined_non_max_suppression(
+            tf.expand_dims(tf.cast(boxes, tf.float32), 2),
+            tf.cast(scores, tf.float32),
+            max_output_size_per_class=max_detections,
+            max_total_size=max_detections,
+            iou_threshold=iou_threshold,
+            score_threshold=score_threshold,
+            clip_boxes=False,
+        )
+    )
+    return (
+        nmsed_boxes,
+        nmsed_scores,
+        tf.cast(nmsed_classes, tf.int32),
+        tf.cast(num_detections, tf.int32),
+    )
+
+
+def postprocess(
+    outputs,
+    anchors,
+    num_classes,
+    image_hw,
+    input_hw,
+    *,
+    anchor_masks=None,
+    score_threshold=0.3,
+    iou_threshold=0.45,
+    max_detections=100,
+):
+    """Raw heads of a letterboxed batch -> detections in each image's original pixels.
+
+    Args:
+        outputs: raw heads, largest stride first (see :func:`decode_heads`).
+        anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
+        num_classes: number of classes C.
+        image_hw: ``(N, 2)`` integer original ``(height, width)`` of each image; images in
+            a batch may differ in size.
+        input_hw: ``(height, width)`` of the network input (or one int).
+        anchor_masks: anchors per head; default :func:`yolo3.model.resources.default_anchor_masks`.
+        score_threshold, iou_threshold, max_detections: see :func:`batched_nms`.
+
+    Returns:
+        ``boxes`` ``(N, max_detections, 4)`` float32 ``x_min, y_min, x_max, y_max`` in
+        original pixels, ``scores`` ``(N, max_detections)`` float32, ``classes``
+        ``(N, max_detections)`` int32 and ``num_detections`` ``(N,)`` int32; rows past
+        ``num_detections[i]`` are zero padding.
+    """
+    boxes, scores = decode_to_image(
+        outputs, anchors, num_classes, image_hw, input_hw, anchor_masks=anchor_masks
+    )
+    return batched_nms(
+        boxes,
+        scores,
+        score_threshold=score_threshold,
+        iou_threshold=iou_threshold,
+        max_detections=max_detections,
+    )
+
+
+def decode_to_image(outputs, anchors, num_classes, image_hw, input_hw, *, anchor_masks=None):
+    """Raw heads of a letterboxed batch -> every candidate box in original pixels, before NMS.
+
+    The first half of :func:`postprocess` (whose arguments these are), for engines that run
+    the network and decoding but cannot hold class-wise NMS (TFLite's builtin operators).
+
+    Returns:
+        ``boxes`` ``(N, total_boxes, 4)`` float32 in original pixels, clipped to the image,
+        and ``scores`` ``(N, total_boxes, C)`` float32, zero for boxes with no area left
+        after clipping; :func:`batched_nms` on them gives :func:`postprocess`'s result.
+    """
+    if anchor_masks is None:
+        anchor_masks = default_anchor_masks(int(tf.convert_to_tensor(anchors).shape[0]))
+    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw)
+    boxes = undo_letterbox(boxes, image_hw, input_hw)
+    # A box lying wholly in the letterbox padding clips to zero width or height; it covers
+    # no pixel of the image, so it must not survive as a detection.
+    has_area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+    return boxes, scores * tf.expand_dims(tf.cast(has_area, scores.dtype), -1)

@@ -1,0 +1,207 @@
+"""The YOLOv3 loss as a pure function returning one value per image.
+
+Why per image: under ``tf.distribute`` each replica sees a slice of the global batch and
+the gradients of the replicas are summed. A per-image loss of shape (N, 1) lets the
+training step divide by the *global* batch size (``tf.nn.compute_average_loss``), so the
+summed gradient is the gradient of the global mean. A scalar mean over the local batch,
+as the original computed, is silently multiplied by the number of replicas.
+
+The terms are those of the original keras-yolo3 (and Darknet's yolo layer):
+- xy: binary cross-entropy between the sigmoid cell offsets and the true offsets,
+- wh: 0.5 * squared error in log space against ``log(true_wh / anchor)``,
+  both weighted by ``2 - w * h`` (w, h as fractions of the input) and only where an
+  object is assigned;
+- objectness: cross-entropy, where predicted boxes with an IoU above ``ignore_thresh``
+  with any true box of the same image are not penalised as background (all the image's
+  boxes when they are given, as in Darknet; else those assigned in the targets);
+- class: sigmoid cross-entropy per class where an object is assigned.
+Each term is summed over cells, anchors and levels; the mean of the per-image totals over
+a batch equals the original's ``sum / batch_size``.
+"""
+
+import tensorflow as tf
+from keras import ops
+
+from yolo3.model.resources import default_anchor_masks
+
+# Darknet's ignore_thresh in every [yolo] layer of yolov3.cfg and yolov3-tiny.cfg. The
+# original keras-yolo3 used .5 for YOLOv3 (and .7 for tiny); training here follows Darknet,
+# whose published figures are the ones results are compared with.
+IGNORE_THRESH = 0.7
+LOSS_TERMS = ("xy", "wh", "objectness", "class")
+# Truth boxes per image for the ignore mask when only targets are given (Darknet's default).
+MAX_TRUE_BOXES = 90
+# exp() of a raw width/height logit above this overflows float32 box areas in the IoU.
+_MAX_LOG_SCALE = 10.0
+
+
+def _cell_grid(grid_h, grid_w):
+    """(grid_h, grid_w, 1, 2) float32 holding each cell's (column, row)."""
+    columns, rows = ops.meshgrid(ops.arange(grid_w), ops.arange(grid_h))
+    grid = ops.stack([columns, rows], axis=-1)
+    return ops.cast(ops.expand_dims(grid, 2), "float32")
+
+
+def _box_corners(xywh):
+    return xywh[..., :2] - xywh[..., 2:4] / 2, xywh[..., :2] + xywh[..., 2:4] / 2
+
+
+def box_iou(boxes_a, boxes_b):
+    """IoU of every box in ``boxes_a`` (N, P, 4) with every box in ``boxes_b`` (N, T, 4).
+
+    Boxes are centre x, y, width, height in any shared unit. Returns (N, P, T); a zero-size
+    box has IoU 0 with everything.
+    """
+    a_min, a_max = _box_corners(boxes_a[:, :, None, :])
+    b_min, b_max = _box_corners(boxes_b[:, None, :, :])
+    overlap = ops.maximum(ops.minimum(a_max, b_max) - ops.maximum(a_min, b_min), 0.0)
+    intersection = overlap[..., 0] * overlap[..., 1]
+    area_a = boxes_a[:, :, None, 2] * boxes_a[:, :, None, 3]
+    area_b = boxes_b[:, None, :, 2] * boxes_b[:, None, :, 3]
+    return intersection / ops.maximum(area_a + area_b - intersection, 1e-12)
+
+
+def _boxes_from_targets(y_true, max_true_boxes):
+    """Boxes assigned in the targets, gathered from every level; static shapes (XLA-safe).
+
+    Returns (N, T, 4) centre x, y, width, height as input fractions, zero-padded, with
+    T = min(max_true_boxes, cells x anchors over all levels): the first T assigned cells of
+    each image in level order (Darknet's ``[yolo]`` layer holds at most 90 truths too).
+    """
+    flat = [ops.reshape(level[..., :5], (ops.shape(level)[0], -1, 5)) for level in y_true]
+    flat = ops.concatenate(flat, axis=1)
+    num_cells = sum(
+        int(level.shape[1]) * int(level.shape[2]) * int(level.shape[3]) for level in y_true
+    )
+    count = min(int(max_true_boxes), num_cells)
+    # top_k over 0/1 objectness picks assigned cells, ties in index order: level order.
+    _, indices = tf.math.top_k(flat[..., 4], k=count, sorted=True)
+    gathered = tf.gather(flat, indices, batch_dims=1)
+    return gathered[..., :4] * gathered[..., 4:5]
+
+
+def boxes_to_xywh(boxes, input_wh):
+    """Padded corner boxes (N, T, >= 4) in input pixels -> (N, T, 4) centre x, y, width,
+    height as input fractions; padding rows (zero width or height) stay zero-size."""
+    boxes = ops.cast(boxes[..., :4], "float32")
+    corner_min, corner_max = boxes[..., 0:2], boxes[..., 2:4]
+    size = ops.maximum(corner_max - corner_min, 0.0)
+    centre = (corner_min + corner_max) / 2
+    return ops.concatenate([centre / input_wh, size / input_wh], axis=-1)
+
+
+def _sigmoid_bce(labels, logits):
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def yolo_loss(
+    y_true,
+    y_pred,
+    *,
+    anchors,
+    num_classes,
+    ignore_thresh=IGNORE_THRESH,
+    anchor_masks=None,
+    true_boxes=None,
+    max_true_boxes=MAX_TRUE_BOXES,
+):
+    """Per-image YOLOv3 loss.
+
+    Args:
+        y_true: per-level targets from :func:`yolo3.model.targets.build_targets`, largest stride
+            first, each (N, H_l, W_l, anchors_in_level, 5 + num_classes).
+        y_pred: raw model outputs, same order, each (N, H_l, W_l, anchors_in_level *
+            (5 + num_classes)); any float dtype (cast to float32 here).
+        anchors: (num_anchors, 2) anchor sizes in input pixels.
+        num_classes: number of classes.
+        ignore_thresh: IoU above which a predicted box is not penalised as background.
+        anchor_masks: anchor indices per level (default: Darknet's for 9 or 6 anchors).
+        true_boxes: the boxes the targets were built from, (N, max_boxes, >= 4) float32
+            x_min, y_min, x_max, y_max in input pixels (padding rows zero), as
+            :func:`yolo3.model.targets.build_targets` takes them. The ignore mask compares each
+            prediction with all of them, as Darknet's ``[yolo]`` layer does. Without them it
+            compares with the boxes assigned in ``y_true`` (at most ``max_true_boxes`` per
+            image, the first in level order), which leaves out a box that lost its cell and
+            anchor to another.
+        max_true_boxes: the cap of that fallback; shapes stay static, so the loss compiles
+            with XLA either way.
+
+    Returns:
+        ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
+        of ``LOSS_TERMS`` to its (N, 1) per-image value.
+    """
+    anchors = ops.convert_to_tensor(anchors, "float32")
+    anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
+    if len(y_true) != len(anchor_masks) or len(y_pred) != len(anchor_masks):
+        raise ValueError(
+            f"{len(anchor_masks)} output levels expected from the anchor masks; got "
+            f"{len(y_true)} targets and {len(y_pred)} predictions"
+        )
+    y_true = [ops.cast(level, "float32") for level in y_true]
+    # The largest stride is 32, so the input size is the first grid times 32.
+    grid_0 = ops.shape(y_pred[0])
+    input_wh = ops.cast(ops.stack([grid_0[2] * 32, grid_0[1] * 32]), "float32")
+    if true_boxes is None:
+        true_boxes = _boxes_from_targets(y_true, max_true_boxes)
+    else:
+        true_boxes = boxes_to_xywh(true_boxes, input_wh)
+        if true_boxes.shape[1] in (0, None):  # keeps the max over true boxes defined
+            true_boxes = ops.pad(true_boxes, [[0, 0], [0, 1], [0, 0]])
+    true_boxes = ops.stop_gradient(true_boxes)
+
+    terms = {name: 0.0 for name in LOSS_TERMS}
+    for level, mask in enumerate(anchor_masks):
+        target = y_true[level]
+        shape = ops.shape(y_pred[level])
+        batch, grid_h, grid_w = shape[0], shape[1], shape[2]
+        raw = ops.reshape(
+            ops.cast(y_pred[level], "float32"), (batch, grid_h, grid_w, len(mask), 5 + num_classes)
+        )
+        level_anchors = ops.take(anchors, list(mask), axis=0)
+        grid = _cell_grid(grid_h, grid_w)
+        grid_wh = ops.cast(ops.stack([grid_w, grid_h]), "float32")
+
+        object_mask = target[..., 4:5]
+        true_xy = target[..., 0:2] * grid_wh - grid
+        # log(0) guard: width/height targets exist only where an object is assigned.
+        wh_ratio = target[..., 2:4] * input_wh / level_anchors
+        true_wh = ops.where(object_mask > 0, ops.log(ops.maximum(wh_ratio, 1e-9)), 0.0)
+        box_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
+
+        pred_xy = (ops.sigmoid(raw[..., 0:2]) + grid) / grid_wh
+        pred_wh = ops.exp(ops.minimum(raw[..., 2:4], _MAX_LOG_SCALE)) * level_anchors / input_wh
+        pred_boxes = ops.reshape(ops.concatenate([pred_xy, pred_wh], axis=-1), (batch, -1, 4))
+        best_iou = ops.max(box_iou(ops.stop_gradient(pred_boxes), true_boxes), axis=-1)
+        ignore_mask = ops.cast(
+            ops.reshape(best_iou < ignore_thresh, (batch, grid_h, grid_w, len(mask), 1)),
+            "float32",
+        )
+
+        objectness_bce = _sigmoid_bce(object_mask, raw[..., 4:5])
+        level_terms = {
+            "xy": object_mask * box_scale * _sigmoid_bce(true_xy, raw[..., 0:2]),
+            "wh": object_mask * box_scale * 0.5 * ops.square(true_wh - raw[..., 2:4]),
+            "objectness": object_mask * objectness_bce
+            + (1.0 - object_mask) * objectness_bce * ignore_mask,
+            "class": object_mask * _sigmoid_bce(target[..., 5:], raw[..., 5:]),
+        }
+        for name, value in level_terms.items():
+            terms[name] = terms[name] + ops.sum(value, axis=(1, 2, 3, 4))
+
+    terms = {name: ops.expand_dims(value, -1) for name, value in terms.items()}
+    total = terms["xy"] + terms["wh"] + terms["objectness"] + terms["class"]
+    return total, terms
+
+
+def replica_loss(per_image_loss, global_batch_size, regularization_losses=()):
+    """The scalar one replica differentiates so that summed gradients equal the global mean.
+
+    ``sum(per_image_loss) / global_batch_size`` plus the model's regularisation losses
+    divided by the number of replicas (each replica adds them once).
+    """
+    loss = tf.nn.compute_average_loss(
+        ops.reshape(per_image_loss, (-1,)), global_batch_size=global_batch_size
+    )
+    if regularization_losses:
+        loss = loss + tf.nn.scale_regularization_loss(ops.sum(ops.stack(regularization_losses)))
+    return loss

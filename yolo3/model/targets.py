@@ -1,0 +1,120 @@
+"""Ground-truth boxes -> per-level YOLOv3 targets, in TensorFlow ops.
+
+Runs inside ``tf.data`` (after batching) and inside a replica under a strategy: no Python
+loop per image or per box, no NumPy.
+
+Assignment rule (the original keras-yolo3 and Darknet): each box goes to the anchor, among
+all anchors of all levels, whose centred box has the highest IoU with it; it lands at that
+anchor's level, in the cell containing its centre. A box whose best anchor is in no level's
+mask is not assigned. When two boxes of one image land on the same cell and anchor, the
+later box wins, as in the original's loop.
+"""
+
+import tensorflow as tf
+
+from yolo3.model.resources import default_anchor_masks
+
+
+def level_strides(num_levels):
+    """Output strides, largest first: (32, 16, 8) for YOLOv3, (32, 16) for tiny."""
+    return tuple(32 // 2**level for level in range(num_levels))
+
+
+def best_anchor_indices(box_wh, anchors):
+    """Index of the anchor with the highest centred-box IoU.
+
+    Args:
+        box_wh: (..., 2) box widths and heights, any units shared with ``anchors``.
+        anchors: (num_anchors, 2).
+    Returns:
+        (...) int32 indices into ``anchors``.
+    """
+    box_wh = tf.expand_dims(box_wh, -2)
+    intersection = tf.reduce_prod(tf.minimum(box_wh, anchors), axis=-1)
+    union = tf.reduce_prod(box_wh, axis=-1) + tf.reduce_prod(anchors, axis=-1) - intersection
+    iou = intersection / tf.maximum(union, 1e-12)
+    return tf.argmax(iou, axis=-1, output_type=tf.int32)
+
+
+def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
+    """Builds the training targets of every output level.
+
+    Args:
+        boxes: (N, max_boxes, 5) float32: x_min, y_min, x_max, y_max in input pixels and a
+            class id. Rows with zero width or height are padding and ignored.
+        input_hw: (height, width) of the network input in pixels, multiples of 32.
+        anchors: (num_anchors, 2) anchor widths and heights in input pixels.
+        num_classes: number of classes; class ids must lie in [0, num_classes).
+        anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+
+    Returns:
+        A tuple with one float32 tensor per level, largest stride first, of shape
+        (N, height / stride, width / stride, anchors_in_level, 5 + num_classes):
+        box centre x, y and width, height as fractions of the input size, objectness
+        (1 where a box is assigned) and a one-hot class vector.
+    """
+    anchors = tf.constant(anchors, tf.float32)
+    anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
+    height, width = int(input_hw[0]), int(input_hw[1])
+    input_size = tf.constant([width, height], tf.float32)
+
+    boxes = tf.convert_to_tensor(boxes, tf.float32)
+    batch_size = tf.shape(boxes)[0]
+    max_boxes = tf.shape(boxes)[1]
+    centre = (boxes[..., 0:2] + boxes[..., 2:4]) / 2.0
+    size = boxes[..., 2:4] - boxes[..., 0:2]
+    valid = tf.logical_and(size[..., 0] > 0, size[..., 1] > 0)
+    class_ids = tf.cast(boxes[..., 4], tf.int32)
+    bad_class = tf.logical_and(valid, tf.logical_or(class_ids < 0, class_ids >= num_classes))
+    tf.debugging.assert_equal(
+        tf.reduce_any(bad_class),
+        False,
+        message=f"build_targets: a box has a class id outside [0, {num_classes})",
+    )
+    best_anchor = best_anchor_indices(size, anchors)
+
+    values = tf.concat(
+        [
+            centre / input_size,
+            size / input_size,
+            tf.ones_like(size[..., :1]),
+            tf.one_hot(class_ids, num_classes, dtype=tf.float32),
+        ],
+        axis=-1,
+    )
+    # later[i, j] is True when box j comes after box i in the same image.
+    index = tf.range(max_boxes)
+    later = index[None, :] > index[:, None]
+
+    targets = []
+    for mask, stride in zip(anchor_masks, level_strides(len(anchor_masks))):
+        grid_h, grid_w = height // stride, width // stride
+        matches = tf.equal(best_anchor[..., None], tf.constant(mask, tf.int32))
+        assigned = tf.logical_and(valid, tf.reduce_any(matches, axis=-1))
+        slot = tf.argmax(tf.cast(matches, tf.int32), axis=-1, output_type=tf.int32)
+        column = tf.clip_by_value(
+            tf.cast(tf.floor(centre[..., 0] / width * grid_w), tf.int32), 0, grid_w - 1
+        )
+        row = tf.clip_by_value(
+            tf.cast(tf.floor(centre[..., 1] / height * grid_h), tf.int32), 0, grid_h - 1
+        )
+        # Keep only the last box per (cell, anchor) so scatter_nd sees unique indices.
+        key = (row * grid_w + column) * len(mask) + slot
+        collides = tf.logical_and(tf.equal(key[..., :, None], key[..., None, :]), later)
+        collides = tf.logical_and(collides, assigned[..., None, :])
+        keep = tf.logical_and(assigned, tf.logical_not(tf.reduce_any(collides, axis=-1)))
+
+        kept = tf.where(keep)
+        image_index = tf.cast(kept[:, 0], tf.int32)
+        indices = tf.stack(
+            [
+                image_index,
+                tf.gather_nd(row, kept),
+                tf.gather_nd(column, kept),
+                tf.gather_nd(slot, kept),
+            ],
+            axis=-1,
+        )
+        shape = tf.stack([batch_size, grid_h, grid_w, len(mask), 5 + num_classes])
+        targets.append(tf.scatter_nd(indices, tf.gather_nd(values, kept), shape))
+    return tuple(targets)
