@@ -570,7 +570,7 @@ def worker_main(argv):
     callbacks = []
     sync = None
     if trainer.local_state is not None:
-        sync = LocalSync(trainer.local_state, epoch_ends=False)
+        sync = LocalSync(trainer.local_state, epoch_ends=False, status=trainer.status)
         callbacks.append(sync)
 
     def dataset_fn(context):

@@ -9,6 +9,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`LocalSync`: with ``--local-steps``, averages the replicas every H steps, and
   fully (optimizer state too) at epoch ends and before backups.
 - :class:`Preemption`: SIGTERM stops every worker after the same step, with a backup there.
+- :class:`TrainingStatus`: the stop request and dense phase the trainer hands to callbacks.
 - :class:`Throughput`: images/s and the time each step waited for input.
 - :class:`ProgressLines`: plain progress lines for a log file, in place of the progress bar.
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
@@ -17,6 +18,8 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 """
+
+from yolo3.engine.status import TrainingStatus
 
 from .backup import WorkerBackup
 from .checkpoint import BEST, LAST, TemplateCheckpoint, read_training_state
@@ -40,6 +43,7 @@ __all__ = [
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",
+    "TrainingStatus",
     "WorkerBackup",
     "make_stop_flag",
     "read_training_state",

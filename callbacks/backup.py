@@ -26,6 +26,7 @@ import keras
 
 from yolo3.checkpoint.weights import METADATA_KEY, read_metadata
 from yolo3.distributed import strategy as distribute
+from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write
 
 PATTERN = "backup-{step:09d}.weights.h5"
@@ -39,17 +40,19 @@ Position = collections.namedtuple("Position", ["epoch", "batch", "step"])
 
 class WorkerBackup(keras.callbacks.Callback):
     """Saves the whole trainer (weights, optimizer, step) at epoch ends, every N steps and
-    when the job is asked to stop (``model.stop_requested``, see ``Preemption``).
+    when the job is asked to stop (``status.stop_requested``, see ``Preemption``).
 
     Args:
         directory: this worker's backup folder.
         steps_per_epoch: optimizer steps per epoch.
         every_steps: also back up every this many global steps (None: epoch ends only).
         log: a print-like function for the restore message.
+        status: the trainer's :class:`TrainingStatus` (None: the job never asks to stop).
     """
 
-    def __init__(self, directory, steps_per_epoch, every_steps=None, log=None):
+    def __init__(self, directory, steps_per_epoch, every_steps=None, log=None, *, status=None):
         super().__init__()
+        self.status = status or TrainingStatus()
         self.directory = directory
         self.steps_per_epoch = int(steps_per_epoch)
         self.every_steps = every_steps
@@ -139,15 +142,16 @@ class WorkerBackup(keras.callbacks.Callback):
     def saves_after(self, batch):
         """Whether a backup is saved at the end of ``batch`` (of the epoch under way)."""
         step = self.epoch * self.steps_per_epoch + self._done(batch)
-        stopping = getattr(self.model, "stop_requested", False)
-        return bool(stopping or (self.every_steps and step % self.every_steps == 0))
+        return bool(
+            self.status.stop_requested or (self.every_steps and step % self.every_steps == 0)
+        )
 
     def on_train_batch_end(self, batch, logs=None):
         if self.saves_after(batch):
             self._save(self.epoch, self._done(batch))
 
     def on_epoch_end(self, epoch, logs=None):
-        if getattr(self.model, "stop_requested", False):
+        if self.status.stop_requested:
             return  # saved at the step the job stopped, mid-epoch
         self._save(epoch + 1, 0)
 

@@ -26,6 +26,7 @@ import keras
 
 from yolo3.checkpoint.weights import METADATA_KEY, read_metadata, save_weights
 from yolo3.distributed import strategy as distribute
+from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write
 
 LAST = "last.weights.h5"
@@ -54,17 +55,28 @@ class TemplateCheckpoint(keras.callbacks.Callback):
     Args:
         directory: the checkpoint folder.
         body: the template model, ``trainer.body``.
-        worker: this process's :class:`yolo3.distributed.strategy.WorkerInfo` (None: a single
-        process).
+        worker: this process's :class:`yolo3.distributed.strategy.WorkerInfo` (None: a
+            single process).
         every: also keep ``epoch-NNNN.weights.h5`` every ``every`` epochs (None: never).
         monitor: the log that picks ``best.weights.h5``, lower is better.
         metadata: JSON-able dict stored in every file (classes, anchors, input size...).
+        status: the trainer's :class:`TrainingStatus`; an epoch the job stopped in is not
+            saved (None: the job never asks to stop).
     """
 
     def __init__(
-        self, directory, body, *, worker=None, every=None, monitor="val_loss", metadata=None
+        self,
+        directory,
+        body,
+        *,
+        worker=None,
+        every=None,
+        monitor="val_loss",
+        metadata=None,
+        status=None,
     ):
         super().__init__()
+        self.status = status or TrainingStatus()
         self.worker = worker or distribute.WorkerInfo(True, 0, 1, 1)
         self.directory = directory
         self.body = body
@@ -90,7 +102,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
-        if getattr(self.model, "stop_requested", False):
+        if self.status.stop_requested:
             return  # the epoch did not finish: the workers' backups hold the stopped step
         if not math.isfinite(float((logs or {}).get("loss", 0.0))):
             return  # weights after a non-finite loss are not worth keeping

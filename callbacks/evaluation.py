@@ -8,6 +8,8 @@ import unicodedata
 import keras
 import numpy as np
 
+from yolo3.engine.status import TrainingStatus
+
 # What goes to TensorBoard beside ``val_mAP50`` (see :class:`MapEvaluation`): the first
 # GALLERY_IMAGES validation images, each scaled to fit a GALLERY_TILE square, in rows of
 # GALLERY_COLUMNS. The same images every time, so the pictures show the model learning.
@@ -49,11 +51,14 @@ class MapEvaluation(keras.callbacks.Callback):
         limit: evaluate at most this many images.
         tensorboard_dir: the folder of the run's TensorBoard logs; None writes nothing.
         log: a callable given one line per evaluation.
+        status: the trainer's :class:`TrainingStatus`: a job asked to stop skips the
+            evaluation (None: the job never asks to stop).
     """
 
     def __init__(self, body, source, *, split, anchors, class_names, every, limit=None,
-                 tensorboard_dir=None, log=None):  # fmt: skip
+                 tensorboard_dir=None, log=None, status=None):  # fmt: skip
         super().__init__()
+        self.status = status or TrainingStatus()
         self.body = body
         self.source = source
         self.split = split
@@ -67,7 +72,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self._writer = None
 
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self.every or getattr(self.model, "stop_requested", False):
+        if (epoch + 1) % self.every or self.status.stop_requested:
             return
         from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 

@@ -4,6 +4,8 @@ import time
 
 import keras
 
+from yolo3.engine.status import TrainingStatus
+
 
 class LocalSync(keras.callbacks.Callback):
     """Every ``H`` optimizer steps, the replicas average their weight changes
@@ -20,11 +22,14 @@ class LocalSync(keras.callbacks.Callback):
         backup: the run's :class:`WorkerBackup` (its saving steps), or None.
         epoch_ends: False: no synchronisation at epoch ends, only every H steps (a
             benchmark's epochs are timing windows; a training run's must synchronise).
+        status: the trainer's :class:`TrainingStatus`: nothing to synchronise while its
+            ``dense_phase`` lasts (None: no dense phase).
     """
 
-    def __init__(self, state, backup=None, *, epoch_ends=True):
+    def __init__(self, state, backup=None, *, epoch_ends=True, status=None):
         super().__init__()
         self.state = state
+        self.status = status or TrainingStatus()
         self.backup = backup
         self.epoch_ends = epoch_ends
         self.seconds = []  # the wall-clock time of each synchronisation
@@ -42,7 +47,7 @@ class LocalSync(keras.callbacks.Callback):
             self.state.reset(self._strategy())
 
     def on_train_batch_end(self, batch, logs=None):
-        if getattr(self.model, "dense_phase", False):
+        if self.status.dense_phase:
             return  # still all-reducing every step (--dense-steps): nothing to synchronise
         due = self.state.step_done()
         if self.state.landing_due():  # overlapped: the last period's change has arrived

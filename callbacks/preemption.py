@@ -33,15 +33,18 @@ class Preemption(keras.callbacks.Callback):
         flag: the float32 ``tf.Variable`` given to ``YoloTrainer.attach_stop_flag``.
         signals: the signals that ask for a stop.
         log: a print-like function.
+        status: the trainer's :class:`TrainingStatus`, whose ``stop_requested`` says that
+            the job agreed to stop.
 
     Use :meth:`installed` around ``fit`` (signal handlers belong to the main thread; from
     another thread nothing is installed and only :meth:`request` asks for a stop).
     ``stopped_at`` is the epoch and step the job stopped after, or None.
     """
 
-    def __init__(self, flag, signals=(signal.SIGTERM,), log=None):
+    def __init__(self, flag, signals=(signal.SIGTERM,), log=None, *, status):
         super().__init__()
         self.flag = flag
+        self.status = status
         self.signals = tuple(signals)
         self.log = log
         self.received = None
@@ -73,7 +76,7 @@ class Preemption(keras.callbacks.Callback):
             self.flag.assign(1.0)
 
     def on_train_batch_end(self, batch, logs=None):
-        if not getattr(self.model, "stop_requested", False) or self.stopped_at is not None:
+        if not self.status.stop_requested or self.stopped_at is not None:
             return
         self.model.stop_training = True
         step = int(self.model.optimizer.iterations.value.numpy())

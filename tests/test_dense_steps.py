@@ -34,14 +34,14 @@ def test_powersgd_starts_after_the_dense_steps(strategy):
     options = {"compress": "powersgd", "rank": 1, "dense_steps": 2}
     warmed, _ = _fit(strategy, None, steps=2, options=options)
     # Two steps of the whole gradient: ordinary training, nothing held back for later.
-    assert warmed.dense_phase
+    assert warmed.status.dense_phase
     _assert_same_weights(ordinary, warmed)
     assert all(not np.any(np.asarray(e)) for e in warmed.powersgd.errors)
     # The step counter has reached 2: the next step is compressed (rank 1 holds back a part
     # of the gradient as error feedback) and training goes on from there.
     _more_steps(ordinary, 1)
     _more_steps(warmed, 1)
-    assert not warmed.dense_phase
+    assert not warmed.status.dense_phase
     assert max(float(np.max(np.abs(np.asarray(e)))) for e in warmed.powersgd.errors) > 1e-4
     assert _largest_difference(ordinary, warmed) > 1e-5
 

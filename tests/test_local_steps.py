@@ -239,7 +239,7 @@ def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, **extra):
         )
         optimizer = optimizer() if optimizer else keras.optimizers.SGD(0.05, momentum=0.9)
         trainer.compile(optimizer=optimizer, jit_compile=False)
-    sync = None if local_steps is None else LocalSync(trainer.local_state)
+    sync = None if local_steps is None else LocalSync(trainer.local_state, status=trainer.status)
     _more_steps(trainer, steps, sync, **extra)
     return trainer, sync
 
@@ -340,7 +340,7 @@ def test_overlapped_local_steps_compile_with_xla_on_one_device():
         keras.utils.set_random_seed(0)
         trainer = YoloTrainer(tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, **local)
         trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True)
-        callbacks = [LocalSync(trainer.local_state)] if local else []
+        callbacks = [LocalSync(trainer.local_state, status=trainer.status)] if local else []
         trainer.fit(
             images, boxes, batch_size=4, epochs=1, shuffle=False, callbacks=callbacks,
             verbose=0,

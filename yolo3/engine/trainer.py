@@ -29,6 +29,7 @@ from yolo3.comm.powersgd import (
 )
 from yolo3.data.multiscale import resize_batch
 from yolo3.distributed import malloc
+from yolo3.engine.status import TrainingStatus
 from yolo3.model.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
@@ -282,7 +283,8 @@ class YoloTrainer(keras.Model):
                 "--compress powersgd or --local-steps takes over: pass one of them too"
             )
         self.dense_steps = int(dense_steps)
-        self.dense_phase = False  # set by compile(): the whole gradient is all-reduced
+        # What the step tells the callbacks: the stop request, the dense phase.
+        self.status = TrainingStatus()
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -296,7 +298,6 @@ class YoloTrainer(keras.Model):
         )
         self.ignore_thresh = float(ignore_thresh)
         self._stop_flag = None
-        self.stop_requested = False  # set after each step: has any worker asked to stop?
         self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
         # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
         self.lr_scale = self.add_weight(
@@ -320,13 +321,14 @@ class YoloTrainer(keras.Model):
                 allreduce_dtype=self.allreduce_dtype,
                 overlap=self.overlap_sync,
             )
-        self.dense_phase = self.dense_steps > 0
+        self.status.dense_phase = self.dense_steps > 0
         self._install_reducer()
 
     def _install_reducer(self):
         """Gives the optimizer the gradient reduction of the current phase."""
-        if self.dense_phase or (self.compress == "none" and self.local_steps is None):
-            if self.dense_phase or self.allreduce_dtype != "float32":
+        dense = self.status.dense_phase
+        if dense or (self.compress == "none" and self.local_steps is None):
+            if dense or self.allreduce_dtype != "float32":
                 install_gradient_reducer(self.optimizer, self.allreduce_dtype)
         elif self.compress == "powersgd":
             install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
@@ -339,7 +341,7 @@ class YoloTrainer(keras.Model):
         The replicas hold identical weights here (every step so far was all-reduced), so
         local steps' anchors start from them.
         """
-        self.dense_phase = False
+        self.status.dense_phase = False
         self._install_reducer()
         if self.local_state is not None:
             self.local_state.reset(self.distribute_strategy)
@@ -359,7 +361,7 @@ class YoloTrainer(keras.Model):
 
         ``flag`` (float32 tf.Variable) is this worker's request (0 or 1); each step reduces
         it over every replica of every worker along with the step's logs, which cost no
-        collective of its own, and sets ``stop_requested`` on every worker alike, so that
+        collective of its own, and sets ``status.stop_requested`` on every worker alike, so that
         all of them stop after the same step.
         """
         self._stop_flag = flag
@@ -367,7 +369,7 @@ class YoloTrainer(keras.Model):
 
     def _should_eval(self, epoch, validation_freq):
         # A job asked to stop goes straight to its backup: no validation pass first.
-        return not self.stop_requested and super()._should_eval(epoch, validation_freq)
+        return not self.status.stop_requested and super()._should_eval(epoch, validation_freq)
 
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
@@ -375,7 +377,7 @@ class YoloTrainer(keras.Model):
         function = self._make_train_function(force)
         if self._stop_flag is not None:
             function = self._with_stop_requests(function)
-        if self.dense_phase:
+        if self.status.dense_phase:
             function = self._until_dense_steps_end(function)
         function = self._with_malloc_thresholds(function)
         self.train_function = function
@@ -406,7 +408,7 @@ class YoloTrainer(keras.Model):
     def _with_stop_requests(self, function):
         def train_function(iterator):
             logs = dict(function(iterator))
-            self.stop_requested = bool(logs.pop(STOP_KEY) > 0)
+            self.status.stop_requested = bool(logs.pop(STOP_KEY) > 0)
             return logs
 
         return train_function
@@ -509,7 +511,11 @@ class YoloTrainer(keras.Model):
         With overlapped local steps, the step also carries its share of the previous
         period's synchronisation (independent of the rest of the step).
         """
-        if self.local_state is not None and self.local_state.overlap and not self.dense_phase:
+        if (
+            self.local_state is not None
+            and self.local_state.overlap
+            and not self.status.dense_phase
+        ):
             self.local_state.exchange()
         if self.accumulate == 1:
             return super().train_step(data)

@@ -548,6 +548,7 @@ def run(config, *, log=print):
         steps_per_epoch=steps,
         every_steps=config.backup_every,
         log=log,
+        status=trainer.status,
     )
     # Every worker takes part, with or without backups of its own: they agree on a step.
     position = backup.restore(trainer, strategy)
@@ -555,7 +556,7 @@ def run(config, *, log=print):
         initial_epoch = position.epoch
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
-    preemption = yolo_callbacks.Preemption(stop_flag, log=log)
+    preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
     callback_list, throughput, nonfinite = _callbacks(
         config,
         progress=progress,
@@ -709,7 +710,7 @@ def _callbacks(
     ordered = (
         []
         if trainer.local_state is None
-        else [yolo_callbacks.LocalSync(trainer.local_state, backup)]
+        else [yolo_callbacks.LocalSync(trainer.local_state, backup, status=trainer.status)]
     )
     ordered.append(preemption)
     if config.freeze_body:
@@ -727,6 +728,7 @@ def _callbacks(
                 every=config.map_every,
                 tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
                 log=log,
+                status=trainer.status,
             )
         )
     if progress == "lines" and info.is_chief:
@@ -750,6 +752,7 @@ def _callbacks(
             every=config.checkpoint_every,
             monitor=monitor,
             metadata=metadata,
+            status=trainer.status,
         ),
     ]
     if config.reduce_lr_patience:
