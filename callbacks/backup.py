@@ -16,17 +16,15 @@ bit for bit alike; ``training.run`` then continues from that very step, also mid
 
 import collections
 import glob
-import json
 import os
 import re
 import shutil
 
-import h5py
 import keras
 
 from yolo3 import distribute
 from yolo3.fileio import atomic_write
-from yolo3.weights import METADATA_KEY, read_metadata
+from yolo3.weights import read_metadata, write_weights_file
 
 PATTERN = "backup-{step:09d}.weights.h5"
 LEGACY = "backup.weights.h5"  # one file, epoch ends only (earlier versions)
@@ -118,9 +116,7 @@ class WorkerBackup(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, PATTERN.format(step=step))
         with atomic_write(path) as temp:
-            self.model.save_weights(temp)
-            with h5py.File(temp, "a") as f:
-                f.attrs[METADATA_KEY] = json.dumps({"epoch": epoch, "batch": batch, "step": step})
+            write_weights_file(self.model, temp, {"epoch": epoch, "batch": batch, "step": step})
         # Only once the new one is complete: the older ones beyond the newest KEEP go.
         found = self.available()
         for old in sorted(found)[:-KEEP]:

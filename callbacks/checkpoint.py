@@ -16,17 +16,15 @@ file that looks complete but is not. The template files load with
 :func:`yolo3.weights.load_weights` into a model built with no strategy.
 """
 
-import json
 import math
 import os
 import shutil
 
-import h5py
 import keras
 
 from yolo3 import distribute
 from yolo3.fileio import atomic_write
-from yolo3.weights import METADATA_KEY, read_metadata, save_weights
+from yolo3.weights import read_metadata, save_weights, write_weights_file
 
 LAST = "last.weights.h5"
 BEST = "best.weights.h5"
@@ -109,8 +107,6 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             for name in copies:
                 with atomic_write(os.path.join(self.directory, name)) as temp:
                     shutil.copyfile(last, temp)
+        state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
         with self._where(STATE) as path, atomic_write(path) as temp:
-            self.model.save_weights(temp)
-            with h5py.File(temp, "a") as f:
-                state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
-                f.attrs[METADATA_KEY] = json.dumps(state, sort_keys=True)
+            write_weights_file(self.model, temp, state)
