@@ -26,6 +26,7 @@ from yolo3 import (
     communication,
     devices,
     distribute,
+    faults,
     fileio,
     local_steps,
     multiscale,
@@ -190,7 +191,7 @@ class XlaCompileError(RuntimeError):
     """The train step did not compile with XLA; ``--jit-compile off`` avoids it."""
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(faults.RunFailed):
     """A multi-worker collective failed or timed out: a worker died or is unreachable."""
 
 
@@ -365,7 +366,17 @@ def run(config, *, log=print):
 
     Returns:
         A :class:`TrainResult`.
+
+    Raises:
+        yolo3.faults.RunFailed: the run started and could not go on (a full disk, a lost
+            worker); the backups written so far stay for the same command to continue from.
     """
+    # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
+    with faults.out_of_space_fails(config.log_dir):
+        return _run(config, log=log)
+
+
+def _run(config, *, log):
     started = time.perf_counter()
     progress = resolve_progress(config.progress)
     keras.utils.set_random_seed(config.seed)

@@ -1,0 +1,175 @@
+"""A run survives a full disk.
+
+The fault ends the run with one line naming the file, exit status 1 and no traceback,
+and leaves every checkpoint and backup either the previous complete one or the new one;
+the same command continues from the last backup once there is room. The disk is a real
+size-limited tmpfs (root only).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_helpers import SIZE, small_record_set, train_args, write_anchors
+
+import train
+from yolo3 import faults
+from yolo3.fileio import atomic_write
+from yolo3.model import tiny_yolo_body
+from yolo3.weights import read_metadata, save_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_RECORDS = 24  # two shards of 12 records (about 150 kB each); 6 steps of 4 a pass
+
+
+@pytest.fixture(scope="module")
+def record_set(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("faults")
+    records_dir = small_record_set(folder / "records", train=TRAIN_RECORDS, val=0)
+    return records_dir, write_anchors(folder / "anchors.txt")
+
+
+def _mount(*args):
+    return subprocess.run(["mount", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of its own; yields ``(folder, resize)``, ``resize(bytes)`` changing its size."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = _mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder))
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs at {folder}: {mounted.stderr.strip()}")
+
+    def resize(size):
+        _mount("-o", f"remount,size={size}", str(folder)).check_returncode()
+
+    try:
+        yield folder, resize
+    finally:
+        # Lazily when busy: a file left open must not leave the mount behind.
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def _fill(folder):
+    """Writes a file into ``folder`` until its filesystem is full; returns the file."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+    return filler
+
+
+def _assert_complete(path):
+    """Every array of the weights file reads back (a torn file does not open or read)."""
+    arrays = []
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda _, item: arrays.append(item[()]) if isinstance(item, h5py.Dataset) else None
+        )
+    assert arrays, path
+
+
+def _no_temporaries(folder):
+    return [str(path) for path in Path(folder).rglob(".tmp-*")]
+
+
+def _error_lines(stderr):
+    """Standard error without TensorFlow's own log lines (glog style: ``W0000 00:00...``)."""
+    return [line for line in stderr.splitlines() if not re.match(r"[IWEF]\d{4} ", line)]
+
+
+def test_writes_that_find_the_disk_full_name_their_file_and_keep_the_last_one(small_disk):
+    folder, resize = small_disk
+    resize(4 << 20)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(50_000)])  # 1 MB of weights
+    path = str(folder / "last.weights.h5")
+    save_weights(model, path, {"epoch": 1})
+    _fill(folder)
+    model.layers[0].kernel.assign(model.layers[0].kernel + 1.0)
+
+    # Keras writes the weights through h5py: OSError ENOSPC naming the temporary file in its
+    # text only; atomic_write names the file it was writing.
+    with pytest.raises(OSError, match="No space left") as raised:
+        save_weights(model, path, {"epoch": 2})
+    assert raised.value.filename == path
+    assert faults.no_space_path(raised.value) == path
+    assert _no_temporaries(folder) == []
+    assert read_metadata(path) == {"epoch": 1}  # the previous complete file, untouched
+    _assert_complete(path)
+
+    # TensorBoard's writer: ResourceExhaustedError, "PATH; No space left on device".
+    with pytest.raises(tf.errors.ResourceExhaustedError) as raised:
+        tf.summary.create_file_writer(str(folder / "tensorboard"))
+    named = faults.no_space_path(raised.value)
+    assert named.startswith(str(folder / "tensorboard" / "events.out.tfevents.")), named
+
+    with pytest.raises(faults.OutOfSpace, match=rf"^{re.escape(path)}: no space left on device"):
+        with faults.out_of_space_fails(str(folder)), atomic_write(path) as temp:
+            shutil.copyfile(str(folder / "filler"), temp)
+    assert faults.no_space_path(tf.errors.ResourceExhaustedError(None, None, "OOM")) is None
+    assert faults.no_space_path(PermissionError(13, "denied", path)) is None
+
+
+def _file_sizes():
+    """Bytes of a template checkpoint and of a backup (the trainer with Adam's two slots)
+    of the tiny model on two classes, in float32."""
+    body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    trainable = sum(int(np.prod(weight.shape)) for weight in body.trainable_weights)
+    template = 4 * body.count_params()
+    return template, template + 2 * 4 * trainable
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_the_run_with_one_line_and_the_same_command_finishes_it(
+    record_set, small_disk, capsys
+):
+    records_dir, anchors = record_set
+    folder, resize = small_disk
+    template, backup = _file_sizes()
+    # Epoch 1 leaves a backup and the training state (a backup's size each), last and best
+    # (a template each); half of epoch 2's backup fits, and the write fails there.
+    resize(2 * backup + 2 * template + backup // 2)
+    log_dir = folder / "run"
+    args = train_args(records_dir, log_dir, anchors, "--epochs", "3", "--steps-per-epoch", "1")
+    # A process of its own: what a user sees, up to its exit (a file h5py left open once
+    # crashed the interpreter there).
+    failed = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True
+    )
+    backups = log_dir / "backup" / "worker-0"
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert _error_lines(failed.stderr) == [
+        f"error: {backups / 'backup-000000002.weights.h5'}: no space left on device; free "
+        "some space there, then run the same command again to continue from the last backup"
+    ]
+    # On disk: epoch 1's complete files, and nothing half-written.
+    assert sorted(p.name for p in backups.iterdir()) == ["backup-000000001.weights.h5"]
+    assert read_metadata(str(backups / "backup-000000001.weights.h5"))["step"] == 1
+    checkpoints = log_dir / "checkpoints"
+    for name in ("last.weights.h5", "best.weights.h5", "state.weights.h5"):
+        assert read_metadata(str(checkpoints / name))["epoch"] == 1
+        _assert_complete(checkpoints / name)
+    _assert_complete(backups / "backup-000000001.weights.h5")
+    assert _no_temporaries(log_dir) == []
+
+    resize(4 * backup + 4 * template)
+    capsys.readouterr()
+    assert train.main(args) == 0
+    assert f"restored backup {backups / 'backup-000000001.weights.h5'}" in capsys.readouterr().out
+    assert read_metadata(str(checkpoints / "state.weights.h5"))["epoch"] == 3
+    assert not backups.exists()
