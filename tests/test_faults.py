@@ -1,9 +1,9 @@
-"""A run survives a full disk.
+"""A run survives a full disk and a record shard damaged under it.
 
-The fault ends the run with one line naming the file, exit status 1 and no traceback,
+Either fault ends the run with one line naming the file, exit status 1 and no traceback,
 and leaves every checkpoint and backup either the previous complete one or the new one;
-the same command continues from the last backup once there is room. The disk is a real
-size-limited tmpfs (root only).
+the same command continues from the last backup once the fault is repaired. The disk is a
+real size-limited tmpfs (root only), the damage a real truncation of a shard file.
 """
 
 import os
@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import h5py
@@ -18,10 +19,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import load_tool
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 import train
-from yolo3 import faults
+from yolo3 import faults, records
 from yolo3.fileio import atomic_write
 from yolo3.model import tiny_yolo_body
 from yolo3.weights import read_metadata, save_weights
@@ -173,3 +175,80 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_same_command_finishes_it
     assert f"restored backup {backups / 'backup-000000001.weights.h5'}" in capsys.readouterr().out
     assert read_metadata(str(checkpoints / "state.weights.h5"))["epoch"] == 3
     assert not backups.exists()
+
+
+def _record_ends(path):
+    """The byte offset where each record of a TFRecord file ends (each record is framed by
+    its length, 8 bytes, and two checksums of 4)."""
+    return np.cumsum([len(record.numpy()) + 16 for record in tf.data.TFRecordDataset(path)])
+
+
+def test_find_damage_names_the_shard_and_the_record(record_set, tmp_path):
+    copy = shutil.copytree(record_set[0], tmp_path / "records")
+    assert records.find_damage(str(copy)) is None
+    first, second = sorted(copy.glob("train-*.tfrecord"))
+    sound = second.read_bytes()
+    ends = _record_ends(second)
+    with open(second, "r+b") as f:  # overwritten in place: the same size, checksums wrong
+        f.seek((ends[4] + ends[5]) // 2)
+        f.write(b"\xff" * 64)
+    assert records.find_damage(str(copy)) == (
+        str(second), 5, "corrupt (its checksum does not match: the file was overwritten)"
+    )  # fmt: skip
+    second.write_bytes(sound)
+
+    size = first.stat().st_size
+    os.truncate(first, _record_ends(first)[4])  # at a record's end: it reads, but is short
+    assert records.find_damage(str(copy)) == (
+        str(first), None, f"{_record_ends(first)[-1]} bytes where the manifest says {size}"
+    )  # fmt: skip
+    first.unlink()
+    assert records.find_damage(str(copy)) == (
+        str(first), None, "missing, though the manifest lists it"
+    )  # fmt: skip
+
+
+def test_a_shard_cut_short_mid_run_ends_it_naming_the_shard_and_the_record(
+    record_set, tmp_path, capfd
+):
+    records_dir = shutil.copytree(record_set[0], tmp_path / "records")
+    shard = records_dir / "train-00000-of-00002.tfrecord"
+    ends = _record_ends(shard)
+    log_dir = tmp_path / "run"
+    first_backup = log_dir / "backup" / "worker-0" / "backup-000000006.weights.h5"
+    args = train_args(
+        records_dir, log_dir, record_set[1], "--epochs", "4", "--steps-per-epoch", "6"
+    )
+    training_done = threading.Event()
+
+    def cut_short_after_the_first_backup():
+        # Whatever the pipeline has read ahead, epochs 3 and 4 open the shard again.
+        while not first_backup.exists():
+            if training_done.wait(0.01):
+                return
+        os.truncate(shard, (ends[6] + ends[7]) // 2)  # inside record 7
+
+    cutter = threading.Thread(target=cut_short_after_the_first_backup)
+    cutter.start()
+    try:
+        status = train.main(args)
+    finally:
+        training_done.set()
+        cutter.join()
+    assert status == 1
+    assert _error_lines(capfd.readouterr().err) == [
+        f"error: {shard} record 7: cut short (the file ends inside it); the record set changed "
+        f"after training started (python tools/preprocess.py --verify {records_dir} lists all "
+        "damage): restore or preprocess it again, then run the same command to continue from "
+        "the last backup"
+    ]
+    # The run stopped in epoch 2, 3 or 4: its newest backup complete, none half-written.
+    backups = sorted((log_dir / "backup" / "worker-0").iterdir())
+    assert backups and _no_temporaries(log_dir) == []
+    assert read_metadata(str(backups[-1]))["step"] == int(re.search(r"\d+", backups[-1].name)[0])
+    _assert_complete(backups[-1])
+
+    assert load_tool("preprocess").main(["--verify", str(records_dir)]) == 1
+    problems = capfd.readouterr().err
+    assert f"{shard} record 7: cut short (the file ends inside it)" in problems
+    assert f"{shard}: 7 records; the manifest says 12 (train)" in problems

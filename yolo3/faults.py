@@ -1,4 +1,4 @@
-"""Faults that end a run which had started well: a full disk.
+"""Faults that end a run which had started well: a full disk, a record shard damaged under it.
 
 Each becomes a :class:`RunFailed` whose message is one line naming the file and what to do;
 :func:`yolo3.cli.run_main` prints it and exits with status 1 (a run that failed, not a bad
@@ -27,6 +27,10 @@ class RunFailed(RuntimeError):
 
 class OutOfSpace(RunFailed):
     """A write of the run found its filesystem full."""
+
+
+class DamagedRecord(RunFailed):
+    """A record shard could not be read: it changed on disk after the run started."""
 
 
 def no_space_path(error):
@@ -63,3 +67,15 @@ def out_of_space_fails(folder):
             f"{path or folder}: no space left on device; free some space there, then run the "
             "same command again to continue from the last backup"
         ) from error
+
+
+def damaged_record(damage, records_dir):
+    """:class:`DamagedRecord` for ``damage``, a ``(shard path, record index, problem)`` of
+    :func:`yolo3.records.find_damage`, in the record set ``records_dir``."""
+    path, index, problem = damage
+    where = path if index is None else f"{path} record {index}"
+    return DamagedRecord(
+        f"{where}: {problem}; the record set changed after training started (python "
+        f"tools/preprocess.py --verify {records_dir} lists all damage): restore or preprocess "
+        "it again, then run the same command to continue from the last backup"
+    )

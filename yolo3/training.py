@@ -368,8 +368,9 @@ def run(config, *, log=print):
         A :class:`TrainResult`.
 
     Raises:
-        yolo3.faults.RunFailed: the run started and could not go on (a full disk, a lost
-            worker); the backups written so far stay for the same command to continue from.
+        yolo3.faults.RunFailed: the run started and could not go on (a full disk, a damaged
+            record shard, a lost worker); the backups written so far stay for the same
+            command to continue from.
     """
     # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
     with faults.out_of_space_fails(config.log_dir):
@@ -608,6 +609,16 @@ def _run(config, *, log):
             "Each worker's backups hold its last saved steps: start the same command on every "
             "worker again to resume"
         ) from error
+    except (tf.errors.DataLossError, tf.errors.NotFoundError) as error:
+        # TensorFlow names neither the shard nor the record: reading the sets again does.
+        sources = [record_set]
+        if val_source and val_source[0] is not record_set:
+            sources.append(val_source[0])
+        for source in sources:
+            damage = records.find_damage(source)
+            if damage:
+                raise faults.damaged_record(damage, source.directory) from error
+        raise
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
         if not jit_compile or "XLA" not in str(error):
             raise
