@@ -85,6 +85,14 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         with self._where(name) as path:
             save_weights(self.body, path, metadata)
 
+    def save_restored(self, trainer, epochs_done):
+        """Writes the files of ``epochs_done`` finished epochs from ``trainer`` outside ``fit``:
+        a run restored from a backup at its planned end. The epoch's logs are gone: no new
+        best, and ``last`` records none."""
+        self.set_model(trainer)
+        self.on_train_begin()
+        self.on_epoch_end(epochs_done - 1)
+
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
         if getattr(self.model, "stop_requested", False):

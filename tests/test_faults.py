@@ -136,45 +136,97 @@ def _file_sizes():
     return template, template + 2 * 4 * trainable
 
 
+def _train_until_the_disk_fills(record_set, log_dir, epochs, failing):
+    """Runs train.py for ``epochs`` epochs of one step, as a process of its own (what a user
+    sees, up to its exit: a file h5py left open once crashed the interpreter there); checks
+    that it ends with one line naming ``failing`` and leaves no temporary file. Returns the
+    arguments, to run the same command again."""
+    args = train_args(*record_set[:1], log_dir, record_set[1], "--epochs", str(epochs))
+    args += ["--steps-per-epoch", "1"]
+    failed = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True
+    )
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert _error_lines(failed.stderr) == [
+        f"error: {failing}: no space left on device; free some space there, then run the "
+        "same command again to continue from the last backup"
+    ]
+    assert _no_temporaries(log_dir) == []
+    return args
+
+
+def _epochs_on_disk(log_dir):
+    """``{file name: epoch (checkpoints) or step (backups)}``, each file read to the end."""
+    found = {}
+    for path in sorted((log_dir / "checkpoints").glob("*.h5")):
+        _assert_complete(path)
+        found[path.name] = read_metadata(str(path))["epoch"]
+    for path in sorted((log_dir / "backup" / "worker-0").glob("*.h5")):
+        _assert_complete(path)
+        found[path.name] = read_metadata(str(path))["step"]
+    return found
+
+
 @pytest.mark.slow
 def test_a_full_disk_ends_the_run_with_one_line_and_the_same_command_finishes_it(
     record_set, small_disk, capsys
 ):
-    records_dir, anchors = record_set
     folder, resize = small_disk
     template, backup = _file_sizes()
     # Epoch 1 leaves a backup and the training state (a backup's size each), last and best
     # (a template each); half of epoch 2's backup fits, and the write fails there.
     resize(2 * backup + 2 * template + backup // 2)
     log_dir = folder / "run"
-    args = train_args(records_dir, log_dir, anchors, "--epochs", "3", "--steps-per-epoch", "1")
-    # A process of its own: what a user sees, up to its exit (a file h5py left open once
-    # crashed the interpreter there).
-    failed = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True
-    )
     backups = log_dir / "backup" / "worker-0"
-    assert failed.returncode == 1, failed.stderr[-3000:]
-    assert _error_lines(failed.stderr) == [
-        f"error: {backups / 'backup-000000002.weights.h5'}: no space left on device; free "
-        "some space there, then run the same command again to continue from the last backup"
-    ]
-    # On disk: epoch 1's complete files, and nothing half-written.
-    assert sorted(p.name for p in backups.iterdir()) == ["backup-000000001.weights.h5"]
-    assert read_metadata(str(backups / "backup-000000001.weights.h5"))["step"] == 1
-    checkpoints = log_dir / "checkpoints"
-    for name in ("last.weights.h5", "best.weights.h5", "state.weights.h5"):
-        assert read_metadata(str(checkpoints / name))["epoch"] == 1
-        _assert_complete(checkpoints / name)
-    _assert_complete(backups / "backup-000000001.weights.h5")
-    assert _no_temporaries(log_dir) == []
+    args = _train_until_the_disk_fills(
+        record_set, log_dir, 3, backups / "backup-000000002.weights.h5"
+    )
+    assert _epochs_on_disk(log_dir) == {
+        "best.weights.h5": 1,
+        "last.weights.h5": 1,
+        "state.weights.h5": 1,
+        "backup-000000001.weights.h5": 1,
+    }
 
     resize(4 * backup + 4 * template)
     capsys.readouterr()
     assert train.main(args) == 0
     assert f"restored backup {backups / 'backup-000000001.weights.h5'}" in capsys.readouterr().out
-    assert read_metadata(str(checkpoints / "state.weights.h5"))["epoch"] == 3
+    assert read_metadata(str(log_dir / "checkpoints" / "state.weights.h5"))["epoch"] == 3
     assert not backups.exists()
+
+
+@pytest.mark.slow
+def test_a_disk_full_at_the_last_checkpoint_gets_it_written_by_the_same_command(
+    record_set, small_disk, capsys
+):
+    folder, resize = small_disk
+    template, backup = _file_sizes()
+    # At the end of epoch 2 of 2: two backups and the previous state (3 backups' size),
+    # last and best (2 templates), and room for a third template, written and renamed over
+    # last (and best) first, but not for the new state, which needs a backup's size.
+    resize(3 * backup + 3 * template + (backup - template) // 2)
+    log_dir = folder / "run"
+    checkpoints = log_dir / "checkpoints"
+    args = _train_until_the_disk_fills(record_set, log_dir, 2, checkpoints / "state.weights.h5")
+    on_disk = _epochs_on_disk(log_dir)
+    assert on_disk.pop("best.weights.h5") in (1, 2)  # 2 when epoch 2's loss was lower
+    assert on_disk == {
+        "last.weights.h5": 2,
+        "state.weights.h5": 1,  # the previous complete one
+        "backup-000000001.weights.h5": 1,
+        "backup-000000002.weights.h5": 2,
+    }
+
+    # Nothing is left to train, but epoch 2's state is only in its backup, which the end of
+    # the run deletes: the run writes the checkpoints from it first.
+    resize(5 * backup + 5 * template)
+    capsys.readouterr()
+    assert train.main(args) == 0
+    assert "checkpoints of epoch 2 written from its backup" in capsys.readouterr().out
+    assert read_metadata(str(checkpoints / "state.weights.h5"))["epoch"] == 2
+    assert read_metadata(str(checkpoints / "last.weights.h5"))["epoch"] == 2
+    assert not (log_dir / "backup" / "worker-0").exists()
 
 
 def _record_ends(path):

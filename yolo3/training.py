@@ -576,6 +576,16 @@ def _run(config, *, log):
         preemption=preemption,
         log=log,
     )
+    if position is not None and position.epoch >= config.epochs and not position.batch:
+        # A backup at the planned end: the run stopped after it, before or while writing
+        # that epoch's checkpoints (a full disk, a kill, a stop request at the last step).
+        # Nothing is left to train and the end of this run deletes the backup: write them
+        # from it first.
+        checkpoint = next(
+            c for c in callback_list if isinstance(c, yolo_callbacks.TemplateCheckpoint)
+        )
+        checkpoint.save_restored(trainer, position.epoch)
+        log(f"checkpoints of epoch {position.epoch} written from its backup")
 
     def fit(first_epoch, last_epoch, steps_per_epoch):
         return trainer.fit(
