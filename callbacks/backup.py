@@ -16,15 +16,13 @@ bit for bit alike; ``training.run`` then continues from that very step, also mid
 
 import collections
 import glob
-import json
 import os
 import re
 import shutil
 
-import h5py
 import keras
 
-from yolo3.checkpoint.weights import METADATA_KEY, read_metadata
+from yolo3.checkpoint.weights import read_metadata, write_weights_file
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write
@@ -121,9 +119,7 @@ class WorkerBackup(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, PATTERN.format(step=step))
         with atomic_write(path) as temp:
-            self.model.save_weights(temp)
-            with h5py.File(temp, "a") as f:
-                f.attrs[METADATA_KEY] = json.dumps({"epoch": epoch, "batch": batch, "step": step})
+            write_weights_file(self.model, temp, {"epoch": epoch, "batch": batch, "step": step})
         # Only once the new one is complete: the older ones beyond the newest KEEP go.
         found = self.available()
         for old in sorted(found)[:-KEEP]:

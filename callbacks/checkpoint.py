@@ -16,15 +16,13 @@ file that looks complete but is not. The template files load with
 :func:`yolo3.checkpoint.weights.load_weights` into a model built with no strategy.
 """
 
-import json
 import math
 import os
 import shutil
 
-import h5py
 import keras
 
-from yolo3.checkpoint.weights import METADATA_KEY, read_metadata, save_weights
+from yolo3.checkpoint.weights import read_metadata, save_weights, write_weights_file
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write
@@ -100,6 +98,14 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         with self._where(name) as path:
             save_weights(self.body, path, metadata)
 
+    def save_restored(self, trainer, epochs_done):
+        """Writes the files of ``epochs_done`` finished epochs from ``trainer`` outside ``fit``:
+        a run restored from a backup at its planned end. The epoch's logs are gone: no new
+        best, and ``last`` records none."""
+        self.set_model(trainer)
+        self.on_train_begin()
+        self.on_epoch_end(epochs_done - 1)
+
     def on_epoch_end(self, epoch, logs=None):
         finished = epoch + 1
         if self.status.stop_requested:
@@ -122,8 +128,6 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             for name in copies:
                 with atomic_write(os.path.join(self.directory, name)) as temp:
                     shutil.copyfile(last, temp)
+        state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
         with self._where(STATE) as path, atomic_write(path) as temp:
-            self.model.save_weights(temp)
-            with h5py.File(temp, "a") as f:
-                state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
-                f.attrs[METADATA_KEY] = json.dumps(state, sort_keys=True)
+            write_weights_file(self.model, temp, state)

@@ -12,8 +12,12 @@ import os
 import sys
 import tempfile
 
+from yolo3.engine.faults import RunFailed
+
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
 # folder goes, a full disk) is their mistake to fix, not a bug to report with a traceback.
+# A job that fills its disk once it is under way raises yolo3.engine.faults.OutOfSpace instead: a
+# run that failed (status 1), which the same command continues once there is room.
 KNOWN_ERRORS = (OSError, ValueError)
 
 
@@ -273,7 +277,8 @@ def run_main(parser, argv, body, *, check=None, errors=KNOWN_ERRORS, failures=()
             end, as argparse's own errors do, with ``parser.error``.
         errors: exception types that mean bad input or settings: one line, status 2.
         failures: exception types that mean a run that started and failed: one line,
-            status 1.
+            status 1. :class:`yolo3.engine.faults.RunFailed` always is one, whatever ``errors``
+            holds.
     """
     try:
         args = parser.parse_args(argv)
@@ -283,6 +288,8 @@ def run_main(parser, argv, body, *, check=None, errors=KNOWN_ERRORS, failures=()
         return int(exit_.code or 0)
     try:
         return body(args)
+    except RunFailed as err:
+        return fail(err, status=1)
     except errors as err:
         return fail(err)
     except failures as err:

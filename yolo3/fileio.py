@@ -8,11 +8,15 @@ TensorFlow. A path with a scheme (``gs://bucket/...``, ``s3://``, ``hdfs://``) g
 """
 
 import contextlib
+import errno
 import glob as _glob
 import json
 import os
 import shutil
 import tempfile
+
+# errno values of a write that found no room: the filesystem is full, or the user's quota.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def is_remote(path):
@@ -106,12 +110,18 @@ def atomic_path(path):
 def atomic_write(path):
     """Yields a temporary path to write; renames it over ``path`` only if the block succeeds.
 
-    A run killed mid-write leaves a hidden ``.tmp-*`` file, never a half-written ``path``.
+    A run killed mid-write leaves a hidden ``.tmp-*`` file, never a half-written ``path``;
+    a write that fails (a full disk) removes its temporary file, and its OSError names
+    ``path``, not the temporary name (h5py's names neither, but in its message).
     """
     temp = atomic_path(path)
     try:
         yield temp
         os.replace(temp, path)
+    except OSError as error:
+        if error.errno in NO_SPACE_ERRNOS:
+            raise OSError(error.errno, os.strerror(error.errno), os.fspath(path)) from error
+        raise
     finally:
         if os.path.exists(temp):
             os.remove(temp)

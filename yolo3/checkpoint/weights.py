@@ -25,9 +25,44 @@ def save_weights(model, path, metadata=None):
     if not path.endswith(".weights.h5"):
         raise ValueError(f"weights path {path} must end with .weights.h5")
     with atomic_write(path) as temp:
-        model.save_weights(temp)
-        with h5py.File(temp, "a") as f:
-            f.attrs[METADATA_KEY] = json.dumps(metadata or {}, sort_keys=True)
+        write_weights_file(model, temp, metadata or {})
+
+
+def write_weights_file(model, path, metadata):
+    """``model.save_weights(path)`` plus ``metadata`` (JSON-able) as the file's metadata.
+
+    Not atomic: for the temporary path of :func:`yolo3.fileio.atomic_write`, which deletes
+    it when this raises (a full disk).
+    """
+    try:
+        model.save_weights(path)
+        with h5py.File(path, "a") as f:
+            f.attrs[METADATA_KEY] = json.dumps(metadata, sort_keys=True)
+    except OSError:
+        _abandon_open_file(path)
+        raise
+
+
+def _abandon_open_file(path):
+    """Detaches the HDF5 file a failed write left open on ``path`` from the disk.
+
+    Keras does not close its file when a write fails, and h5py closes it when the object is
+    freed, which writes again to the same full disk: a second error printed from a
+    destructor, and at exit a crash (SIGSEGV). Pointing the file's descriptor at an
+    anonymous in-memory file lets that late close succeed, and frees the disk space of the
+    deleted file at once instead of at the close.
+    """
+    name = os.fsencode(path)
+    for file_id in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        if file_id.name != name:
+            continue
+        descriptor = file_id.get_vfd_handle()
+        if hasattr(os, "memfd_create"):
+            scratch = os.memfd_create("abandoned.h5")
+            os.dup2(scratch, descriptor)
+            os.close(scratch)
+        else:  # no anonymous files: empty it, so that the close has room to write
+            os.ftruncate(descriptor, 0)
 
 
 def read_metadata(path):

@@ -11,9 +11,10 @@ command (the newest step every worker holds, also mid-epoch); ``--resume`` conti
 finished run from its saved state (e.g. more epochs). SIGTERM to any worker stops every
 worker after the same step, with a backup there.
 
-Exit status: 0 when training finished, 1 when it stopped on a non-finite loss, 2 on bad
-usage or input, 143 when stopped by SIGTERM (preempted) with backups written: run the same
-command to resume.
+Exit status: 0 when training finished; 1 when it stopped on a non-finite loss or failed
+under way (a lost worker, a full disk, a damaged record shard: one line says what to do);
+2 on bad usage or input; 143 when stopped by SIGTERM (preempted) with backups written: run
+the same command to resume.
 """
 
 import argparse
@@ -375,9 +376,8 @@ def _train(args):
 
 def main(argv=None):
     errors = (*KNOWN_ERRORS, training.XlaCompileError)
-    return run_main(
-        build_parser(), argv, _train, errors=errors, failures=(training.CollectiveError,)
-    )
+    # training.CollectiveError, like every fault under way, is a RunFailed: status 1.
+    return run_main(build_parser(), argv, _train, errors=errors)
 
 
 if __name__ == "__main__":

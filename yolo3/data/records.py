@@ -28,6 +28,7 @@ Every record is one training image, already letterboxed (clean copy) or augmente
 import dataclasses
 import hashlib
 import json
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -352,13 +353,56 @@ def verify(records_dir, *, check_checksums=True):
                     )
                     counts["boxes"] += _count_boxes(serialized.numpy())
             except tf.errors.DataLossError as err:
-                problems.append(f"{path}: corrupt after {found} records ({err.message})")
+                problems.append(f"{path} record {found}: {_read_problem(err.message)}")
             counts["records"] += found
             if found != shard["records"]:
                 problems.append(
                     f"{path}: {found} records; the manifest says {shard['records']} ({split})"
                 )
     return problems, counts
+
+
+def find_damage(record_set):
+    """The first record of ``record_set`` that cannot be read, for a run that stopped on a
+    read error: ``(shard path, record index, problem)``, or None when every shard reads.
+
+    Shards whose size differs from the manifest are read first, so a truncated shard is
+    found without reading the others; a shard of the wrong size that still reads to its end
+    is reported with index None. :func:`verify` checks more (whole-file checksums, every
+    record's contents), and takes longer.
+    """
+    record_set = open_record_set(record_set)
+    resized, unchanged = [], []
+    for split in record_set.manifest["splits"]:
+        entries = record_set.manifest["splits"][split]["shards"]
+        for entry, path in zip(entries, record_set.shard_paths(split)):
+            if not fileio.exists(path):
+                return path, None, "missing, though the manifest lists it"
+            size = tf.io.gfile.stat(path).length
+            if size == entry["bytes"]:
+                unchanged.append(path)
+            else:
+                resized.append((path, f"{size} bytes where the manifest says {entry['bytes']}"))
+    for path in [path for path, _ in resized] + unchanged:
+        index = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                index += 1
+        except tf.errors.DataLossError as err:
+            return path, index, _read_problem(err.message)
+    if resized:
+        path, problem = resized[0]
+        return path, None, problem
+    return None
+
+
+def _read_problem(message):
+    """What a TFRecord reader's DataLossError says, in words (its text names no file)."""
+    if "truncated record" in message:
+        return "cut short (the file ends inside it)"
+    if "corrupted record" in message:
+        return "corrupt (its checksum does not match: the file was overwritten)"
+    return re.sub(r"^\{\{.*?\}\} ", "", message).split(" [Op:")[0].strip()
 
 
 def _count_boxes(serialized):

@@ -32,7 +32,7 @@ from yolo3.data import multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
-from yolo3.engine import resume
+from yolo3.engine import faults, resume
 from yolo3.engine.trainer import (
     OPTIMIZERS,
     WarmupSchedule,
@@ -197,7 +197,7 @@ class XlaCompileError(RuntimeError):
     """The train step did not compile with XLA; ``--jit-compile off`` avoids it."""
 
 
-class CollectiveError(RuntimeError):
+class CollectiveError(faults.RunFailed):
     """A multi-worker collective failed or timed out: a worker died or is unreachable."""
 
 
@@ -373,7 +373,18 @@ def run(config, *, log=print):
 
     Returns:
         A :class:`TrainResult`.
+
+    Raises:
+        yolo3.engine.faults.RunFailed: the run started and could not go on (a full disk, a damaged
+            record shard, a lost worker); the backups written so far stay for the same
+            command to continue from.
     """
+    # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
+    with faults.out_of_space_fails(config.log_dir):
+        return _run(config, log=log)
+
+
+def _run(config, *, log):
     started = time.perf_counter()
     progress = resolve_progress(config.progress)
     keras.utils.set_random_seed(config.seed)
@@ -573,6 +584,16 @@ def run(config, *, log=print):
         preemption=preemption,
         log=log,
     )
+    if position is not None and position.epoch >= config.epochs and not position.batch:
+        # A backup at the planned end: the run stopped after it, before or while writing
+        # that epoch's checkpoints (a full disk, a kill, a stop request at the last step).
+        # Nothing is left to train and the end of this run deletes the backup: write them
+        # from it first.
+        checkpoint = next(
+            c for c in callback_list if isinstance(c, yolo_callbacks.TemplateCheckpoint)
+        )
+        checkpoint.save_restored(trainer, position.epoch)
+        log(f"checkpoints of epoch {position.epoch} written from its backup")
 
     def fit(first_epoch, last_epoch, steps_per_epoch):
         return trainer.fit(
@@ -606,6 +627,16 @@ def run(config, *, log=print):
             "Each worker's backups hold its last saved steps: start the same command on every "
             "worker again to resume"
         ) from error
+    except (tf.errors.DataLossError, tf.errors.NotFoundError) as error:
+        # TensorFlow names neither the shard nor the record: reading the sets again does.
+        sources = [record_set]
+        if val_source and val_source[0] is not record_set:
+            sources.append(val_source[0])
+        for source in sources:
+            damage = records.find_damage(source)
+            if damage:
+                raise faults.damaged_record(damage, source.directory) from error
+        raise
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
         if not jit_compile or "XLA" not in str(error):
             raise
