@@ -222,7 +222,7 @@ def write_darknet(
 
     Args:
         model: a ``model_type`` network of :mod:`yolo3.model.network` (layers ``conv_k`` /
-        ``bn_k``).
+            ``bn_k``).
         model_type, num_classes, input_hw, anchors, anchor_masks: see :func:`cfg_text`.
 
     Raises:

@@ -69,7 +69,7 @@ def check_resumed(saved, config, resolved, log=print):
         saved: the saved ``config.json`` (:func:`read_saved`); None checks nothing.
         config: the resumed run's settings, a dict of :class:`~yolo3.engine.training.TrainConfig`.
         resolved: the resumed run's resolved settings, as :func:`yolo3.engine.training.run` saves
-        them.
+            them.
     """
     if saved is None:
         return

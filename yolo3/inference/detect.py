@@ -44,7 +44,7 @@ class Detector:
         input_size: network input, an int (square) or ``(height, width)``, multiples of 32;
             default: what the file records, else Darknet's 416.
         score_threshold, iou_threshold, max_detections: see
-        :func:`yolo3.inference.postprocess.postprocess`.
+            :func:`yolo3.inference.postprocess.postprocess`.
         anchor_masks: anchors per head, largest stride first; default: what the weights
             file records (:func:`yolo3.checkpoint.weights.stored_anchor_masks`), else the default
             for the anchor count.
