@@ -1,5 +1,6 @@
 """train.py end to end on one device: checkpoints, resume, freezing, mixed precision."""
 
+import dataclasses
 import math
 
 import keras
@@ -12,6 +13,7 @@ from yolo3.callbacks import StopOnNonFinite, read_training_state
 from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.commands import train
 from yolo3.data import records as yolo_records
+from yolo3.engine import config as run_config
 from yolo3.engine import training
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors
@@ -267,3 +269,18 @@ def test_a_run_without_anchors_takes_the_shipped_ones_of_its_model_type():
         assert len(read_anchors(training.anchors_file(config))) == count
     given = training.TrainConfig(records="r", log_dir="l", anchors="mine.txt", model="yolov3")
     assert training.anchors_file(given) == "mine.txt"
+
+
+def test_every_setting_is_one_flag_whose_default_is_the_settings_default(tmp_path):
+    parser = train.build_parser()
+    flags = {o for action in parser._actions for o in action.option_strings}
+    fields = dataclasses.fields(training.TrainConfig)
+    assert {run_config.flag_of(field) for field in fields} <= flags
+    # Flags that are no setting: -h, --help, --model (the earlier --model-type), --quiet and
+    # --test-io.
+    assert len(flags) == len(fields) + 5
+    log_dir = str(tmp_path / "run")
+    parsed = train.config_from_args(parser.parse_args(["--records", "r", "--log-dir", log_dir]))
+    assert parsed == training.TrainConfig(records="r", log_dir=log_dir)
+    with pytest.raises(ValueError, match="^--optimizer: one of adam, sgd$"):
+        training.TrainConfig(records="r", log_dir=log_dir, optimizer="adagrad")

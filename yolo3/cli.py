@@ -97,6 +97,16 @@ def argument_type(parse):
     return convert
 
 
+def _on_off(text):
+    if text not in ("on", "off"):
+        raise ValueError(f"{text!r}: use on or off")
+    return text == "on"
+
+
+# ``type=`` of a flag that takes on or off: True or False.
+on_off = argument_type(_on_off)
+
+
 def _blocking_ancestor(path):
     """The nearest existing ancestor of ``path`` when it is not a folder, else None."""
     parent = os.path.dirname(os.path.abspath(path))

@@ -26,31 +26,27 @@ from yolo3 import fileio
 from yolo3.checkpoint.weights import check_model_type, load_weights, read_metadata
 from yolo3.comm import allreduce as communication
 from yolo3.comm import local_steps
-from yolo3.comm.allreduce import ALLREDUCE_DTYPES
-from yolo3.comm.powersgd import COMPRESSIONS, FLOAT16_REFUSAL, powersgd_bytes
+from yolo3.comm.powersgd import FLOAT16_REFUSAL, powersgd_bytes
 from yolo3.data import multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
 from yolo3.engine import faults, resume
+from yolo3.engine.config import TrainConfig
 from yolo3.engine.trainer import (
-    OPTIMIZERS,
     WarmupSchedule,
     YoloTrainer,
     frozen_layer_names,
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.model.loss import IGNORE_THRESH
-from yolo3.model.network import MODEL_TYPES, build_model
-from yolo3.model.remat import REMAT_CHOICES
+from yolo3.model.network import build_model
 from yolo3.model.resources import (
     default_anchor_masks,
     model_type_for_anchors,
     read_anchors,
     shipped_anchors,
 )
-from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
 from yolo3.progress import resolve as resolve_progress
 
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
@@ -59,138 +55,6 @@ PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat
 def anchors_file(config):
     """The run's anchors file: ``config.anchors``, else the shipped one of its model type."""
     return config.anchors or shipped_anchors(config.model or "tiny")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
-
-    records: str
-    log_dir: str
-    val_records: str | None = None
-    anchors: str | None = None  # None: the shipped anchors of ``model`` (tiny when None)
-    model: str | None = None  # from the anchor count when None
-    weights: str | None = None
-    freeze_body: int = 0
-    freeze_epochs: int = 0
-    epochs: int = 50
-    batch_size: int = 8  # per replica
-    lr: float = 1e-3  # for a global batch of lr_reference_batch
-    lr_reference_batch: int = 64
-    lr_schedule: str = "cosine"
-    warmup_epochs: float = 1.0
-    optimizer: str = "adam"
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    mixed_precision: str = "auto"  # yolo3.distributed.devices.choose_precision
-    sync_bn: bool | None = None  # on with more than one replica when None
-    seed: int = 0
-    flip: float = 0.5
-    shuffle_buffer: int = 1024
-    ignore_thresh: float = IGNORE_THRESH
-    steps_per_epoch: int | None = None
-    checkpoint_every: int | None = None
-    map_every: int | None = None  # epochs between in-training mAP evaluations (chief)
-    backup_every: int | None = None  # steps; None backs up at epoch ends
-    reduce_lr_patience: int | None = None
-    early_stopping_patience: int | None = None
-    jit_compile: str = "auto"
-    remat: str = "off"  # yolo3.model.remat: recompute activations in the backward pass
-    multi_scale: str | None = None  # "auto" or "MIN:MAX": yolo3.data.multiscale
-    accumulate: int = 1  # micro-batches per optimizer step
-    allreduce_dtype: str = "float32"  # yolo3.comm.allreduce
-    compress: str = "none"  # yolo3.comm.powersgd: "powersgd" sends low-rank factors
-    rank: int = 4  # the factors' rank with compress="powersgd"
-    local_steps: int | None = None  # yolo3.comm.local_steps: optimizer steps between syncs
-    outer_lr: float = 1.0  # the outer step of each synchronisation (1, 0: averaging)
-    outer_momentum: float = 0.0
-    overlap_sync: int | None = None  # local steps' changes sent during the next T steps
-    dense_steps: int = 0  # steps of whole-gradient all-reduce before compress/local steps
-    collective_timeout: float | None = None  # seconds; None waits forever
-    bytes_per_pack: int = 0  # 0: TensorFlow decides
-    slurm_port_base: int | None = None  # None: $YOLO3_SLURM_PORT_BASE, else 8888
-    gpus: int | None = None
-    cpu_replicas: int | None = None
-    memory_growth: bool = True
-    resume: bool = False
-    benchmark: bool = False  # synthetic in-memory data: the speed without input cost
-    progress: str = "auto"  # yolo3.progress: a bar on a terminal, else plain lines
-    log_every: int | None = None  # steps between progress lines (lines mode)
-    log_seconds: float = DEFAULT_SECONDS  # seconds between progress lines; 0: by steps only
-
-    def __post_init__(self):
-        checks = [
-            (
-                self.model is None or self.model in MODEL_TYPES,
-                f"--model-type: one of {MODEL_TYPES}",
-            ),
-            (self.freeze_body in (0, 1, 2), "--freeze-body: 0, 1 or 2"),
-            (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
-            (self.epochs >= 1, "--epochs must be >= 1"),
-            (self.batch_size >= 1, "--batch-size must be >= 1"),
-            (self.lr > 0, "--lr must be > 0"),
-            (self.optimizer in OPTIMIZERS, f"--optimizer: one of {OPTIMIZERS}"),
-            (
-                self.mixed_precision in devices.MIXED_PRECISION_CHOICES,
-                f"--mixed-precision: one of {devices.MIXED_PRECISION_CHOICES}",
-            ),
-            (self.lr_schedule in ("cosine", "constant"), "--lr-schedule: cosine or constant"),
-            (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
-            (
-                self.jit_compile in devices.JIT_COMPILE_CHOICES,
-                f"--jit-compile: one of {devices.JIT_COMPILE_CHOICES}",
-            ),
-            (self.remat in REMAT_CHOICES, f"--remat: one of {REMAT_CHOICES}"),
-            (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
-            (
-                self.allreduce_dtype in ALLREDUCE_DTYPES,
-                f"--allreduce-dtype: one of {ALLREDUCE_DTYPES}",
-            ),
-            (self.compress in COMPRESSIONS, f"--compress: one of {COMPRESSIONS}"),
-            (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
-            (
-                self.local_steps is None or self.local_steps >= 1,
-                "--local-steps must be >= 1 (optimizer steps between synchronisations)",
-            ),
-            (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
-            (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
-            (
-                not self.overlap_sync or self.local_steps is not None,
-                "--overlap-sync sends the weight changes of --local-steps during the steps: "
-                "pass --local-steps H too",
-            ),
-            (
-                self.overlap_sync is None
-                or self.local_steps is None
-                or 1 <= self.overlap_sync <= self.local_steps,
-                "--overlap-sync T must be from 1 to --local-steps H",
-            ),
-            (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
-            (
-                not self.dense_steps or self.compress != "none" or self.local_steps is not None,
-                "--dense-steps sets the uncompressed steps before --compress powersgd or "
-                "--local-steps: pass one of them too",
-            ),
-            (
-                self.collective_timeout is None or self.collective_timeout > 0,
-                "--collective-timeout must be a positive number of seconds",
-            ),
-            (
-                self.progress in PROGRESS_CHOICES,
-                f"--progress: one of {PROGRESS_CHOICES}",
-            ),
-            (self.bytes_per_pack >= 0, "--bytes-per-pack must be >= 0 (0: automatic)"),
-            (
-                self.slurm_port_base is None or 1024 <= self.slurm_port_base <= 65535,
-                "--slurm-port-base must be a TCP port in [1024, 65535]",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        check_interval(self.log_every, self.log_seconds)
-        if self.freeze_body and not self.freeze_epochs:
-            raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
 
 
 class XlaCompileError(RuntimeError):

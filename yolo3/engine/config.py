@@ -1,0 +1,416 @@
+"""The settings of a training run, each written once.
+
+A field of :class:`TrainConfig` holds its type, its default and, in its metadata
+(:func:`setting`), everything ``yolo3 train`` needs to offer it as a flag: the group it is
+listed in, its help, its choices, its metavar and how the text is parsed. The parser is
+generated from the fields (:func:`add_arguments`) and read back by :func:`from_args`, so a
+new setting is one field here; its checks are in :meth:`TrainConfig.__post_init__`, once,
+whether the run comes from the command line, a notebook or a saved ``config.json``.
+"""
+
+import argparse
+import dataclasses
+import types
+
+from yolo3.cli import add_progress_arguments, on_off, output_folder, progress_setting
+from yolo3.comm.allreduce import ALLREDUCE_DTYPES
+from yolo3.comm.powersgd import COMPRESSIONS
+from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
+from yolo3.engine.trainer import OPTIMIZERS
+from yolo3.model.loss import IGNORE_THRESH
+from yolo3.model.network import MODEL_TYPES
+from yolo3.model.remat import REMAT_CHOICES
+from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
+
+# The groups of ``yolo3 train --help``, in order: field metadata names them by key.
+GROUPS = {
+    "data": "data",
+    "model": "model",
+    "schedule": "schedule",
+    "devices": "devices",
+    "communication": "communication between replicas and workers",
+    "checkpoints": "checkpoints",
+    "logging": "logging and checks",
+}
+
+
+def setting(default=dataclasses.MISSING, *, group, help=None, flag=None, **cli):
+    """A :class:`TrainConfig` field offered as a flag of ``yolo3 train``.
+
+    Args:
+        default: the field's default (none: a required setting).
+        group: the key of its group in :data:`GROUPS`.
+        help: the flag's help.
+        flag: the flag, when it is not the field's name with hyphens.
+        **cli: more of the flag's description: ``choices``, ``metavar``, ``parse`` (the
+            argparse ``type``; default: from the field's type), ``action`` (``store_true``,
+            ``store_false``, or ``progress`` for ``--progress``/``--quiet``), ``cli_default``
+            (the flag's default where the field has none), ``aliases`` (earlier spellings,
+            kept working out of ``--help``), ``nargs`` and ``const``.
+    """
+    metadata = {"group": group, "help": help, "flag": flag, **cli}
+    return dataclasses.field(default=default, metadata={"cli": metadata})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
+
+    records: str = setting(group="data", help="record set from yolo3 preprocess")
+    log_dir: str = setting(
+        group="checkpoints",
+        help="checkpoints, TensorBoard, config",
+        cli_default="logs/run",
+        parse=output_folder,
+    )
+    # data
+    val_records: str | None = setting(
+        None, group="data", help="validation record set (default: --records' val)"
+    )
+    flip: float = setting(0.5, group="data", help="online horizontal-flip probability")
+    shuffle_buffer: int = setting(1024, group="data")
+    # "auto" or "MIN:MAX": yolo3.data.multiscale
+    multi_scale: str | None = setting(
+        None,
+        group="data",
+        nargs="?",
+        const="auto",
+        metavar="MIN:MAX",
+        help="change the square input size every 10 steps, as Darknet's random=1: alone, "
+        "Darknet's sizes (320 to 608 for 416 px records); or MIN:MAX in pixels",
+    )
+    # model
+    anchors: str | None = setting(
+        None,
+        group="model",
+        help="anchors file: 9 pairs for yolov3, 6 for tiny (default: Darknet's COCO anchors "
+        "of --model-type, shipped with the package; tiny when neither is given)",
+    )
+    model: str | None = setting(
+        None,
+        group="model",
+        flag="--model-type",
+        aliases=("--model",),
+        choices=MODEL_TYPES,
+        help="default: from the anchors",
+    )
+    weights: str | None = setting(
+        None,
+        group="model",
+        help="initial weights: converted Darknet, our checkpoints or "
+        "original keras-yolo3 .h5 (mismatched heads are skipped and reported)",
+    )
+    freeze_body: int = setting(
+        0,
+        group="model",
+        choices=(0, 1, 2),
+        help="1: freeze the backbone, 2: all but the heads, for --freeze-epochs",
+    )
+    freeze_epochs: int = setting(0, group="model")
+    ignore_thresh: float = setting(
+        IGNORE_THRESH,
+        group="model",
+        help="IoU above which a prediction is not penalised as background (Darknet's .7)",
+    )
+    # schedule
+    epochs: int = setting(50, group="schedule")
+    batch_size: int = setting(8, group="schedule", help="images per replica per step")
+    lr: float = setting(
+        1e-3, group="schedule", help="learning rate for a global batch of --lr-reference-batch"
+    )
+    lr_reference_batch: int = setting(64, group="schedule")
+    lr_schedule: str = setting("cosine", group="schedule", choices=("cosine", "constant"))
+    warmup_epochs: float = setting(1.0, group="schedule")
+    optimizer: str = setting("adam", group="schedule", choices=OPTIMIZERS)
+    momentum: float = setting(0.9, group="schedule")
+    weight_decay: float = setting(5e-4, group="schedule")
+    steps_per_epoch: int | None = setting(
+        None, group="schedule", help="default: one pass over the records"
+    )
+    reduce_lr_patience: int | None = setting(
+        None,
+        group="schedule",
+        flag="--reduce-lr-on-plateau",
+        metavar="PATIENCE",
+        help="divide the learning rate by 10 after PATIENCE epochs without progress",
+    )
+    early_stopping_patience: int | None = setting(
+        None, group="schedule", flag="--early-stopping", metavar="PATIENCE"
+    )
+    seed: int = setting(0, group="schedule")
+    # devices
+    gpus: int | None = setting(
+        None, group="devices", help="GPUs to train on (0: CPU; default: all visible)"
+    )
+    cpu_replicas: int | None = setting(
+        None,
+        group="devices",
+        help="split the CPU into N logical devices and train on all of them "
+        "(the multi-GPU code path, without GPUs)",
+    )
+    sync_bn: bool | None = setting(
+        None, group="devices", parse=on_off, help="on/off (default: on with >1 replica)"
+    )
+    mixed_precision: str = setting(
+        "auto",
+        group="devices",
+        choices=MIXED_PRECISION_CHOICES,
+        help="auto: bfloat16 on GPUs of compute capability >= 8.0, float16 with loss scaling "
+        "on 7.x, off on older GPUs and the CPU",
+    )
+    jit_compile: str = setting(
+        "auto",
+        group="devices",
+        choices=JIT_COMPILE_CHOICES,
+        help="XLA; auto: on for one GPU with no strategy, off on the CPU and with replicas",
+    )
+    remat: str = setting(
+        "off",
+        group="devices",
+        choices=REMAT_CHOICES,
+        help="recompute activations in the backward pass to fit larger batches, for about one "
+        "forward pass more per step: full (every Darknet unit), large (strides 1-8 only, "
+        "where most activations are), off",
+    )
+    memory_growth: bool = setting(
+        True,
+        group="devices",
+        flag="--no-memory-growth",
+        action="store_false",
+        help="let TensorFlow take all GPU memory up front",
+    )
+    # communication
+    accumulate: int = setting(
+        1,
+        group="communication",
+        metavar="K",
+        help="micro-batches per optimizer step (Darknet's subdivisions): each replica runs K "
+        "batches of --batch-size, sums their gradients and all-reduces once; the global batch "
+        "is K x batch x replicas. Trains a batch too large for memory, and sends K times less "
+        "over a slow network",
+    )
+    allreduce_dtype: str = setting(
+        "float32",
+        group="communication",
+        choices=ALLREDUCE_DTYPES,
+        help="dtype gradients travel in between replicas (bfloat16/float16 halve the bytes; "
+        "float16 is scaled per tensor so that it neither overflows nor underflows)",
+    )
+    compress: str = setting(
+        "none",
+        group="communication",
+        choices=COMPRESSIONS,
+        help="powersgd: all-reduce each large convolution's gradient as two rank-R factors, "
+        "with error feedback (PowerSGD: about 100x fewer bytes for YOLOv3 at rank 4); other "
+        "gradients travel in --allreduce-dtype. Not with float16 mixed precision",
+    )
+    rank: int = setting(
+        4,
+        group="communication",
+        metavar="R",
+        help="rank of the PowerSGD factors (higher: closer to the full gradient, more bytes)",
+    )
+    local_steps: int | None = setting(
+        None,
+        group="communication",
+        metavar="H",
+        help="no all-reduce in the step: each replica trains alone and every H optimizer "
+        "steps they average their weight changes (in --allreduce-dtype), and fully at epoch "
+        "ends and backups. Not with --compress or --sync-bn on",
+    )
+    outer_lr: float = setting(
+        1.0,
+        group="communication",
+        help="learning rate of the outer step at each --local-steps synchronisation "
+        "(1 with --outer-momentum 0: plain averaging; DiLoCo uses 0.7)",
+    )
+    outer_momentum: float = setting(
+        0.0,
+        group="communication",
+        help="Nesterov momentum of the outer step, in [0, 1) (DiLoCo uses 0.9)",
+    )
+    overlap_sync: int | None = setting(
+        None,
+        group="communication",
+        metavar="T",
+        help="with --local-steps H: send each period's weight changes during the first T "
+        "steps of the next period (1 <= T <= H), a chunk in each step while it computes, "
+        "and apply them there, T steps late (no step waits for the link)",
+    )
+    dense_steps: int = setting(
+        0,
+        group="communication",
+        metavar="N",
+        help="with --compress or --local-steps: the first N optimizer steps all-reduce the "
+        "whole gradient, as ordinary training does, before they take over (a warm-up that "
+        "keeps the accuracy of the uncompressed run; about one epoch)",
+    )
+    collective_timeout: float | None = setting(
+        None,
+        group="communication",
+        metavar="SECONDS",
+        help="several machines: a collective that waits longer for a dead or unreachable "
+        "worker fails the job instead of hanging (default: wait forever)",
+    )
+    bytes_per_pack: int = setting(
+        0,
+        group="communication",
+        metavar="BYTES",
+        help="several machines: split all-reduces into packs of this size (0: TensorFlow decides)",
+    )
+    slurm_port_base: int | None = setting(
+        None,
+        group="communication",
+        metavar="PORT",
+        help="under Slurm, task k of a node listens on PORT + k; two jobs sharing a node need "
+        "bases at least their task count apart (default: $YOLO3_SLURM_PORT_BASE, else 8888)",
+    )
+    # checkpoints
+    checkpoint_every: int | None = setting(
+        None, group="checkpoints", metavar="K", help="keep every K-th epoch"
+    )
+    backup_every: int | None = setting(
+        None,
+        group="checkpoints",
+        metavar="STEPS",
+        help="back up every STEPS steps (default: each epoch)",
+    )
+    resume: bool = setting(
+        False, group="checkpoints", action="store_true", help="continue the run in --log-dir"
+    )
+    # logging
+    map_every: int | None = setting(
+        None,
+        group="logging",
+        metavar="K",
+        help="evaluate mAP@0.5 on the validation split every K epochs (chief)",
+    )
+    benchmark: bool = setting(
+        False,
+        group="logging",
+        action="store_true",
+        help="train on synthetic in-memory data: speed without input cost",
+    )
+    progress: str = setting(
+        "auto",
+        group="logging",
+        action="progress",
+        choices=PROGRESS_CHOICES,
+        help="auto: a progress bar on a terminal, plain lines when output goes to a file or "
+        "pipe (a Slurm job, nohup, CI): one per epoch with every logged value, and one every "
+        "--log-every steps or --log-seconds seconds",
+    )
+    log_every: int | None = setting(
+        None,
+        group="logging",
+        metavar="STEPS",
+        help="plain lines: one every STEPS steps (default: by time only)",
+    )
+    log_seconds: float = setting(
+        DEFAULT_SECONDS,
+        group="logging",
+        metavar="SECONDS",
+        help="plain lines: one every SECONDS seconds (0: by steps only)",
+    )
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            choices = field.metadata["cli"].get("choices")
+            value = getattr(self, field.name)
+            if choices and value not in choices and not (value is None and field.default is None):
+                raise ValueError(f"{flag_of(field)}: one of {', '.join(map(str, choices))}")
+        checks = [
+            (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
+            (self.epochs >= 1, "--epochs must be >= 1"),
+            (self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.lr > 0, "--lr must be > 0"),
+            (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
+            (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
+            (
+                self.local_steps is None or self.local_steps >= 1,
+                "--local-steps must be >= 1 (optimizer steps between synchronisations)",
+            ),
+            (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
+            (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
+            (
+                not self.overlap_sync or self.local_steps is not None,
+                "--overlap-sync sends the weight changes of --local-steps during the steps: "
+                "pass --local-steps H too",
+            ),
+            (
+                self.overlap_sync is None
+                or self.local_steps is None
+                or 1 <= self.overlap_sync <= self.local_steps,
+                "--overlap-sync T must be from 1 to --local-steps H",
+            ),
+            (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
+            (
+                not self.dense_steps or self.compress != "none" or self.local_steps is not None,
+                "--dense-steps sets the uncompressed steps before --compress powersgd or "
+                "--local-steps: pass one of them too",
+            ),
+            (
+                self.collective_timeout is None or self.collective_timeout > 0,
+                "--collective-timeout must be a positive number of seconds",
+            ),
+            (self.bytes_per_pack >= 0, "--bytes-per-pack must be >= 0 (0: automatic)"),
+            (
+                self.slurm_port_base is None or 1024 <= self.slurm_port_base <= 65535,
+                "--slurm-port-base must be a TCP port in [1024, 65535]",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        check_interval(self.log_every, self.log_seconds)
+        if self.freeze_body and not self.freeze_epochs:
+            raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
+
+
+def flag_of(field):
+    """The flag of a :class:`TrainConfig` field, e.g. ``--batch-size``."""
+    return field.metadata["cli"]["flag"] or "--" + field.name.replace("_", "-")
+
+
+def _value_type(field):
+    """What argparse converts a flag's text with: the field's type without ``None``."""
+    kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
+    (kind,) = [kind for kind in kinds if kind is not type(None)]
+    return None if kind is str else kind
+
+
+def add_arguments(parser):
+    """Adds a flag for every :class:`TrainConfig` field to ``parser``, in the groups of
+    :data:`GROUPS`; returns the groups by key, for flags of the command's own."""
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    for field in dataclasses.fields(TrainConfig):
+        cli = field.metadata["cli"]
+        group, flag = groups[cli["group"]], flag_of(field)
+        if cli.get("action") == "progress":
+            add_progress_arguments(group, help=cli["help"])
+            continue
+        options = {"dest": field.name, "help": cli["help"]}
+        if cli.get("action"):
+            options["action"] = cli["action"]
+        else:
+            options["type"] = cli.get("parse") or _value_type(field)
+            for key in ("choices", "metavar", "nargs", "const"):
+                if cli.get(key) is not None:
+                    options[key] = cli[key]
+            if field.default is dataclasses.MISSING and "cli_default" not in cli:
+                options["required"] = True
+            else:
+                options["default"] = cli.get("cli_default", field.default)
+        group.add_argument(flag, **options)
+        for alias in cli.get("aliases", ()):
+            # An earlier spelling: kept working for a release, out of --help.
+            group.add_argument(alias, **{**options, "help": argparse.SUPPRESS})
+    return groups
+
+
+def from_args(args):
+    """The :class:`TrainConfig` of arguments parsed with :func:`add_arguments`' flags."""
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)}
+    values["progress"] = progress_setting(args)
+    return TrainConfig(**values)
