@@ -10,12 +10,13 @@ VERSION = re.search(r'^__version__ = "(.+)"$', open("yolo3/__init__.py").read(),
 EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
 # The documentation site (mkdocs.yml, docs/): MkDocs because its sources are Markdown like the
 # README, mkdocstrings renders the API pages from the docstrings, and one `mkdocs build
-# --strict` checks every page and link.
+# --strict` checks every page and link; matplotlib draws the benchmark plots (docs/plots.py).
 DOCS = [
     "mkdocs>=1.6.1,<2",
     "mkdocs-material>=9.5,<10",
     "mkdocstrings>=1.0,<2",
     "mkdocstrings-python>=2.0,<3",
+    "matplotlib>=3.8,<4",
 ]
 
 setup(

@@ -1,13 +1,14 @@
 """Pages of the documentation site that are generated, not written (mkdocs ``hooks:``).
 
-Two things come from the code at build time, so that they cannot drift from it:
+Three things come from the code at build time, so that they cannot drift from it:
 
 - the command-line reference, from each command's argparse parser: the commands are
   ``yolo3.commands.COMMANDS`` and each module's ``build_parser()`` (``tools/benchmark.py``,
   which lives only in a checkout, too);
 - the Python API reference, one page per public module, found by walking the ``yolo3``
   package (and the packages setup.py maps into it from other folders), rendered from the
-  docstrings by mkdocstrings.
+  docstrings by mkdocstrings;
+- the benchmark plots, drawn by ``docs/plots.py`` from the JSON files in ``docs/data/``.
 
 A module or command that is added, moved or renamed appears without an edit here or in
 mkdocs.yml. The same file is also a griffe extension (``MappedPackages``) so that
@@ -32,6 +33,8 @@ PACKAGE = "yolo3"
 API_DIR = "reference/api"
 API_INDEX = f"{API_DIR}/index.md"
 CLI_PAGE = "reference/cli.md"
+BENCHMARKS_PAGE = "benchmarks.md"
+PLOTS_DIR = "img/plots"
 # Submodules documented elsewhere: each command module is a page of the CLI reference.
 DOCUMENTED_AS_COMMANDS = ("yolo3.commands.",)
 # Checkout-only scripts with a build_parser(), rendered after the installed commands.
@@ -244,7 +247,20 @@ def on_files(files, config, **kwargs):
     files.append(File.generated(config, API_INDEX, content=api_index_markdown(modules)))
     for name in modules:
         files.append(File.generated(config, api_page(name), content=api_markdown(name)))
+    plots = _load_plots()
+    _state["plots"] = plots.draw_all(ROOT / "docs" / "data")
+    for figure in _state["plots"]:
+        files.append(
+            File.generated(config, f"{PLOTS_DIR}/{figure.name}.svg", content=figure.svg)
+        )
     return files
+
+
+def _load_plots():
+    spec = importlib.util.spec_from_file_location("_docs_plots", ROOT / "docs" / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def on_page_markdown(markdown, page, config, files, **kwargs):
@@ -255,6 +271,12 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
             markdown = markdown.replace(
                 f"<!-- cli-reference: {name} -->", checkout_tool_markdown(name)
             )
+    if uri == BENCHMARKS_PAGE:
+        from_page = "img/plots"
+        markdown = markdown.replace(
+            "<!-- plots -->",
+            "\n\n".join(figure.markdown(from_page) for figure in _state["plots"]),
+        )
     return markdown
 
 

@@ -1,9 +1,11 @@
 """The documentation site builds with `mkdocs build --strict` (warnings as errors: a broken
-internal link, a page left out of the nav, a docstring mkdocstrings cannot read), and its API
-reference has a page for every public module of the package.
+internal link, a page left out of the nav, a docstring mkdocstrings cannot read), its API
+reference has a page for every public module of the package, and the benchmark plots draw
+from the committed JSON.
 """
 
 import importlib
+import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -14,6 +16,26 @@ import pytest
 from yolo3 import commands
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _load_file(path):
+    spec = importlib.util.spec_from_file_location(f"_readme_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plots_draw_from_the_committed_json():
+    plots = _load_file(DOCS / "plots.py")
+    json_files = sorted((DOCS / "data").glob("*.json"))
+    assert json_files
+    for path in json_files:
+        assert path.with_suffix(".md").exists(), f"{path.name} needs its sidecar (command, machine)"
+    figures = plots.draw_all(DOCS / "data")
+    assert {figure.name for figure in figures} == {"scaling", "detect"}
+    for figure in figures:
+        assert figure.svg.startswith(b"<?xml") and b"<svg" in figure.svg
 
 
 def _public_modules_on_disk():
@@ -55,6 +77,8 @@ def test_site_builds_strict_with_every_page(site):
     cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     for name in commands.COMMANDS:
         assert f"yolo3 {name}" in cli
+    benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert "img/plots/scaling.svg" in benchmarks and "img/plots/detect.svg" in benchmarks
 
 
 @pytest.mark.slow
