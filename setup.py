@@ -8,6 +8,16 @@ from setuptools import find_packages, setup
 VERSION = re.search(r'^__version__ = "(.+)"$', open("yolo3/__init__.py").read(), re.M).group(1)
 
 EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
+# The documentation site (mkdocs.yml, docs/): MkDocs because its sources are Markdown like the
+# README, mkdocstrings renders the API pages from the docstrings, and one `mkdocs build
+# --strict` checks every page and link; matplotlib draws the benchmark plots (docs/plots.py).
+DOCS = [
+    "mkdocs>=1.6.1,<2",
+    "mkdocs-material>=9.5,<10",
+    "mkdocstrings>=1.0,<2",
+    "mkdocstrings-python>=2.0,<3",
+    "matplotlib>=3.8,<4",
+]
 
 setup(
     name="keras-yolo3",
@@ -46,6 +56,7 @@ setup(
         # OpenCV reads videos in tools/detect.py and is the independent Darknet
         # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
         "video": ["opencv-python-headless>=4.10,<5"],
+        "docs": DOCS,
         # nbclient runs examples/*.ipynb in tests/test_notebook.py on an ipykernel kernel.
         "test": [
             "pytest>=8",
@@ -58,6 +69,8 @@ setup(
             "nbformat>=5.10,<6",
             "ipykernel>=6.29,<8",
             *EXPORT,
+            # tests/test_docs.py builds the site.
+            *DOCS,
         ],
     },
 )

@@ -267,9 +267,10 @@ def calibration_records(tmp_path_factory):
     )
 
 
-# Documented tolerances of the quantised files (README, "Export and deploy"): float16 keeps
-# boxes within 0.5 px and scores within 2e-3 of float32; int8 keeps at least 80% of the
-# detections (same class, IoU >= 0.5) on this untrained, deliberately sensitive model.
+# Documented tolerances of the quantised files (docs/guides/export.md, "Quantised TFLite"):
+# float16 keeps boxes within 0.5 px and scores within 2e-3 of float32; int8 keeps at least
+# 80% of the detections (same class, IoU >= 0.5) on this untrained, deliberately sensitive
+# model.
 FLOAT16_BOX_TOL, FLOAT16_SCORE_TOL, INT8_AGREEMENT = 0.5, 2e-3, 0.8
 
 

@@ -390,11 +390,12 @@ def _listening_addresses(port):
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net")
 def test_a_worker_listens_on_every_interface_whatever_its_address():
-    """What the README's note on worker ports rests on: a worker named 127.0.0.1 in its
+    """What the docs' note on worker ports rests on: a worker named 127.0.0.1 in its
     cluster (as tools/launch.py -n names them) still listens on every interface.
 
     Should this fail, TensorFlow binds the address it is given: local workers then stay on
-    127.0.0.1 and the note (README, tools/launch.py, make_strategy) can say so.
+    127.0.0.1 and the note (docs/guides/distributed.md, tools/launch.py, make_strategy) can
+    say so.
     """
     port = distribute.free_port()
     server = subprocess.Popen(

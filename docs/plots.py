@@ -1,0 +1,198 @@
+"""Plots of the benchmark figures, drawn from the JSON that ``tools/benchmark.py ... --json``
+writes (the files in ``docs/data/``).
+
+    python docs/plots.py --output plots/        # one SVG per plot, outside a site build
+
+The site build (docs/hooks.py) calls :func:`draw_all` and puts the SVGs on the Benchmarks
+page, each with the command and machine recorded in its JSON, so a figure on the page is
+always the one in the file. Every value drawn is read from a JSON file; nothing is typed in
+here. A kind of benchmark with no JSON file in the folder is left out.
+
+- ``scaling``: scaling efficiency by setting and link (one JSON file per ``--link``);
+- ``detect``: median latency at batch 1 by engine, one core and all cores.
+"""
+
+import argparse
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+# The same bytes for the same JSON: SVG ids from a fixed salt, no date in the file.
+plt.rcParams["svg.hashsalt"] = "keras-yolo3"
+plt.rcParams["svg.fonttype"] = "none"
+
+ENGINE_NAMES = {
+    "keras": "Keras Detector",
+    "saved_model": "SavedModel",
+    "onnx": "ONNX (onnxruntime)",
+    "tflite": "TFLite float32",
+    "tflite-float16": "TFLite float16",
+    "tflite-int8": "TFLite int8",
+    "opencv": "OpenCV dnn",
+}
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    svg: bytes
+    sources: list  # (json file name, command, machine text)
+
+    def markdown(self, image_dir):
+        lines = [f"### {self.title}", "", f"![{self.title}]({image_dir}/{self.name}.svg)", ""]
+        for file_name, command, machine in self.sources:
+            lines += [f"From `docs/data/{file_name}`, {machine}:", ""]
+            lines += ["```bash", command, "```", ""]
+        return "\n".join(lines)
+
+
+def _machine(result):
+    machine = result.get("machine", {})
+    cpu = machine.get("cpu") or "unknown CPU"
+    gpus = machine.get("gpus") or []
+    where = f"{machine.get('cores', '?')} cores, {cpu}"
+    if gpus:
+        where += f", {len(gpus)} GPU(s)"
+    load = result.get("load_average_start")
+    if load:
+        where += f", load average {load[0]:.1f} at the start"
+    return where
+
+
+def load_results(data_dir):
+    """``{kind: [(path, result)]}`` of the benchmark JSON files in ``data_dir``, told apart by
+    their contents."""
+    found = {"scaling": [], "detect": []}
+    for path in sorted(Path(data_dir).glob("*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if "communication" in result:
+            found["scaling"].append((path, result))
+        elif "export_seconds" in result:
+            found["detect"].append((path, result))
+    return found
+
+
+def _svg(figure):
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def setting_label(setting):
+    """The train flags of one ``--settings`` entry, ``[K, dtype, rank, local, overlap]``."""
+    accumulate, dtype, rank, local, overlap = setting
+    parts = []
+    if accumulate > 1:
+        parts.append(f"--accumulate {accumulate}")
+    if rank:
+        parts += ["--compress powersgd", f"--rank {rank}"]
+    if local:
+        parts.append(f"--local-steps {local}")
+    if overlap:
+        parts.append(f"--overlap-sync {overlap}")
+    if not parts:
+        parts.append("plain")
+    return "\n".join(parts + [dtype])
+
+
+def scaling_figure(results):
+    """Scaling efficiency of each setting, one bar per link, with each run's ceiling."""
+    links = []
+    table = {}  # setting label -> {link: efficiency}
+    ceilings = {}
+    for _, result in results:
+        link = result["config"]["link"]
+        links.append(link)
+        keys = [key for key in result["ratios"] if key != "ceiling"]
+        for setting, key in zip(result["config"]["settings"], keys):
+            table.setdefault(setting_label(setting), {})[link] = result["ratios"][key]["value"]
+        ceilings[link] = result["ratios"]["ceiling"]["value"]
+    labels = list(table)
+    width = 0.8 / len(links)
+    figure, axes = plt.subplots(figsize=(max(6, 2.0 * len(labels)), 4.5))
+    for index, link in enumerate(links):
+        xs = [i + (index - (len(links) - 1) / 2) * width for i in range(len(labels))]
+        values = [table[label].get(link, float("nan")) for label in labels]
+        bars = axes.bar(xs, values, width, label=f"link {link}")
+        axes.bar_label(bars, fmt="%.2f", fontsize=8)
+        axes.axhline(ceilings[link], linestyle="--", linewidth=1, color=bars[0].get_facecolor())
+    axes.set_xticks(range(len(labels)), labels, fontsize=8)
+    axes.set_ylabel("scaling efficiency, 2 workers")
+    axes.set_ylim(0, 1.1)
+    axes.legend(title="dashed: the run's ceiling", fontsize=8, title_fontsize=8)
+    axes.set_title("Scaling efficiency by setting and link")
+    return _svg(figure)
+
+
+def detect_figure(results):
+    """Median latency at batch 1 of each engine, on one core and on all cores."""
+    rows = [row for _, result in results for row in result["rows"]]
+    models = sorted({row["model"] for row in rows})
+    figure, all_axes = plt.subplots(
+        1, len(models), figsize=(6 * len(models), 4), squeeze=False
+    )
+    for axes, model in zip(all_axes[0], models):
+        model_rows = [row for row in rows if row["model"] == model and "1" in row["batches"]]
+        engines = list(dict.fromkeys(row["engine"] for row in model_rows))
+        threads = sorted({row["threads"] for row in model_rows})
+        height = 0.8 / len(threads)
+        for index, thread_count in enumerate(threads):
+            by_engine = {
+                row["engine"]: row["batches"]["1"]["median_ms"]
+                for row in model_rows
+                if row["threads"] == thread_count
+            }
+            ys = [i + (index - (len(threads) - 1) / 2) * height for i in range(len(engines))]
+            values = [by_engine.get(engine, float("nan")) for engine in engines]
+            cores = "1 core" if thread_count == 1 else f"{thread_count} cores"
+            bars = axes.barh(ys, values, height, label=cores)
+            axes.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+        axes.set_yticks(range(len(engines)), [ENGINE_NAMES.get(e, e) for e in engines])
+        axes.invert_yaxis()
+        axes.set_xlabel("median ms per call, batch 1 (lower is faster)")
+        axes.set_title(f"{model}: latency by engine")
+        axes.legend(fontsize=8)
+    return _svg(figure)
+
+
+def draw_all(data_dir=HERE / "data"):
+    """Every plot whose JSON is in ``data_dir``, as :class:`Figure` objects."""
+    found = load_results(data_dir)
+    figures = []
+    for kind, title, draw in (
+        ("scaling", "Scaling efficiency by link and setting", scaling_figure),
+        ("detect", "Latency by engine", detect_figure),
+    ):
+        results = found[kind]
+        if not results:
+            continue
+        sources = [(path.name, result["command"], _machine(result)) for path, result in results]
+        figures.append(Figure(kind, title, draw(results), sources))
+    return figures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(HERE / "data"), help="folder of benchmark JSON")
+    parser.add_argument("--output", required=True, help="folder for the SVG files")
+    args = parser.parse_args(argv)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    for figure in draw_all(args.data):
+        (output / f"{figure.name}.svg").write_bytes(figure.svg)
+        print(output / f"{figure.name}.svg")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
