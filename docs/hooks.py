@@ -329,7 +329,11 @@ if griffe is not None:
                 obj.docstring.value = prose_raises_to_items(obj.docstring.value)
 
 
-_EXCEPTION_START = re.compile(r"^([A-Z]\w*(?:Error|Exception|Warning|Exit))\b:?\s*(.*)$")
+# An exception's name opening a sentence (``ValueError naming ...``), or any class name
+# written Google's way, with a colon (``RunFailed: the run ...``).
+_EXCEPTION_START = re.compile(
+    r"^([A-Z]\w*(?:Error|Exception|Warning|Exit)|[A-Z]\w*(?=:))\b:?\s*(.*)$"
+)
 
 
 def prose_raises_to_items(docstring):

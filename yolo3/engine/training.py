@@ -239,9 +239,9 @@ def run(config, *, log=print):
         A :class:`TrainResult`.
 
     Raises:
-        yolo3.engine.faults.RunFailed: the run started and could not go on (a full disk, a damaged
-            record shard, a lost worker); the backups written so far stay for the same
-            command to continue from.
+        RunFailed: the run started and could not go on (a full disk, a damaged record
+            shard, a lost worker: :mod:`yolo3.engine.faults`); the backups written so far
+            stay for the same command to continue from.
     """
     # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
     with faults.out_of_space_fails(config.log_dir):
