@@ -119,9 +119,7 @@ def api_markdown(name):
 
 
 def api_index_markdown(names):
-    rows = "\n".join(
-        f"| [`{name}`]({name}.md) | {summary(module_file(name))} |" for name in names
-    )
+    rows = "\n".join(f"| [`{name}`]({name}.md) | {summary(module_file(name))} |" for name in names)
     return (
         "# Python API\n\n"
         "One page per public module of the `yolo3` package, generated from its docstrings "
@@ -250,9 +248,7 @@ def on_files(files, config, **kwargs):
     plots = _load_plots()
     _state["plots"] = plots.draw_all(ROOT / "docs" / "data")
     for figure in _state["plots"]:
-        files.append(
-            File.generated(config, f"{PLOTS_DIR}/{figure.name}.svg", content=figure.svg)
-        )
+        files.append(File.generated(config, f"{PLOTS_DIR}/{figure.name}.svg", content=figure.svg))
     return files
 
 
@@ -310,9 +306,9 @@ if griffe is not None:
                 parent_path, _, child = name.rpartition(".")
                 parent = pkg if parent_path == PACKAGE else pkg[parent_path[len(PACKAGE) + 1 :]]
                 module = griffe.load(
-                    folder, search_paths=[str(ROOT)], extensions=griffe.load_extensions(
-                        ProseRaises()
-                    )
+                    folder,
+                    search_paths=[str(ROOT)],
+                    extensions=griffe.load_extensions(ProseRaises()),
                 )
                 module.name = child
                 module.parent = parent

@@ -138,9 +138,7 @@ def detect_figure(results):
     """Median latency at batch 1 of each engine, on one core and on all cores."""
     rows = [row for _, result in results for row in result["rows"]]
     models = sorted({row["model"] for row in rows})
-    figure, all_axes = plt.subplots(
-        1, len(models), figsize=(6 * len(models), 4), squeeze=False
-    )
+    figure, all_axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for axes, model in zip(all_axes[0], models):
         model_rows = [row for row in rows if row["model"] == model and "1" in row["batches"]]
         engines = list(dict.fromkeys(row["engine"] for row in model_rows))
