@@ -1,9 +1,13 @@
 """The gradient all-reduce in reduced precision, and the options of the job's collectives."""
 
+from pathlib import Path
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from yolo3.comm import reducer
 from yolo3.comm.allreduce import (
     FLOAT16_MAX,
     all_reduce_gradients,
@@ -90,3 +94,28 @@ def test_bytes_and_options():
         communication_options(timeout_seconds=0)
     with pytest.raises(ValueError, match="--bytes-per-pack"):
         communication_options(bytes_per_pack=-1)
+
+
+def test_the_optimizer_reduction_is_replaced_in_one_place_under_a_source_check(monkeypatch):
+    # Only yolo3/comm/reducer.py assigns Keras's private reduction method.
+    package = Path(reducer.__file__).resolve().parents[1]
+    assigning = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "._all_reduce_sum_gradients =" in path.read_text()
+    )
+    assert assigning == ["comm/reducer.py"]
+    reducer.check_compatible()  # the installed Keras is the one the fingerprints are of
+
+    def reduce(pairs):
+        return pairs
+
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    assert reducer.install_reducer(scaled, reduce) is scaled
+    assert scaled.inner_optimizer._all_reduce_sum_gradients is reduce
+    with pytest.raises(ValueError, match="^not under loss scaling$"):
+        reducer.install_reducer(scaled, reduce, loss_scale_refusal="not under loss scaling")
+    changed = {**reducer.EXPECTED_SOURCE_SHA256, "TFOptimizer._backend_update_step": "0" * 64}
+    monkeypatch.setattr(reducer, "EXPECTED_SOURCE_SHA256", changed)
+    with pytest.raises(RuntimeError, match="_backend_update_step: expected 000000000000"):
+        reducer.check_compatible()

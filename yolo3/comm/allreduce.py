@@ -21,6 +21,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from yolo3.comm.reducer import install_reducer
+
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 FLOAT16_MAX = 65504.0
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -130,7 +132,6 @@ def install_gradient_reducer(optimizer, dtype="float32", options=None):
     inner one of a loss-scale optimizer). Gradients that are None stay None.
     """
     check_allreduce_dtype(dtype)
-    target = getattr(optimizer, "inner_optimizer", optimizer)
 
     def reduce(grads_and_vars):
         pairs = list(grads_and_vars)
@@ -141,8 +142,7 @@ def install_gradient_reducer(optimizer, dtype="float32", options=None):
             result[index] = (total, pairs[index][1])
         return result
 
-    target._all_reduce_sum_gradients = reduce
-    return optimizer
+    return install_reducer(optimizer, reduce)
 
 
 def allreduce_bytes(variables, dtype="float32"):

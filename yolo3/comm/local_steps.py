@@ -54,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
+from yolo3.comm.reducer import install_reducer
 
 
 def check_local_steps(local_steps, outer_lr=1.0, outer_momentum=0.0, *, overlap=False):
@@ -105,9 +106,7 @@ def local_reducer(grads_and_vars):
 def install_local_reducer(optimizer):
     """Makes ``optimizer`` (a Keras 3 TensorFlow optimizer, or the inner one of a loss-scale
     optimizer) apply each replica's own gradient to that replica's copy of the weights."""
-    target = getattr(optimizer, "inner_optimizer", optimizer)
-    target._all_reduce_sum_gradients = local_reducer
-    return optimizer
+    return install_reducer(optimizer, local_reducer)
 
 
 def _is_float(variable):

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_by_dtype, all_reduce_gradients
+from yolo3.comm.reducer import install_reducer
 
 COMPRESSIONS = ("none", "powersgd")
 FLOAT16_REFUSAL = (
@@ -307,9 +308,8 @@ def install_powersgd_reducer(optimizer, state, dtype="float32", options=None):
     Refuses a loss-scale optimizer: its TensorFlow path applies the update inside a
     ``cond`` on whether the gradients are finite, so the collectives would run in a branch.
     """
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(FLOAT16_REFUSAL)
-    optimizer._all_reduce_sum_gradients = lambda pairs: powersgd_all_reduce(
-        state, pairs, dtype, options
+    return install_reducer(
+        optimizer,
+        lambda pairs: powersgd_all_reduce(state, pairs, dtype, options),
+        loss_scale_refusal=FLOAT16_REFUSAL,
     )
-    return optimizer
