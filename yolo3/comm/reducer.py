@@ -9,10 +9,9 @@ here: a Keras release that changes them fails at the first install with a messag
 the new code, never with gradients silently summed twice or not at all.
 """
 
-import hashlib
-import inspect
-
 import keras
+
+from yolo3.distributed.keras_mwms import sha256_of_sources, source_changes
 
 # SHA-256 of the installed source of the methods install_reducer relies on (Keras 3.15.1).
 EXPECTED_SOURCE_SHA256 = {
@@ -29,24 +28,18 @@ def source_fingerprints():
     """SHA-256 of the installed source of each method in :data:`EXPECTED_SOURCE_SHA256`."""
     from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
 
-    methods = {
-        "TFOptimizer._all_reduce_sum_gradients": TFOptimizer._all_reduce_sum_gradients,
-        "TFOptimizer._backend_update_step": TFOptimizer._backend_update_step,
-    }
-    return {
-        name: hashlib.sha256(inspect.getsource(method).encode()).hexdigest()
-        for name, method in methods.items()
-    }
+    return sha256_of_sources(
+        {
+            "TFOptimizer._all_reduce_sum_gradients": TFOptimizer._all_reduce_sum_gradients,
+            "TFOptimizer._backend_update_step": TFOptimizer._backend_update_step,
+        }
+    )
 
 
 def check_compatible():
     """RuntimeError unless the installed Keras has the methods this module replaces as
     they were when it was written."""
-    changed = [
-        f"{name}: expected {EXPECTED_SOURCE_SHA256[name][:12]}..., found {digest[:12]}..."
-        for name, digest in source_fingerprints().items()
-        if digest != EXPECTED_SOURCE_SHA256[name]
-    ]
+    changed = source_changes(source_fingerprints(), EXPECTED_SOURCE_SHA256)
     if changed:
         raise RuntimeError(
             f"Keras {keras.__version__} changed how its optimizer reduces gradients across "

@@ -99,11 +99,26 @@ def source_fingerprints():
             f"keras_mwms patches the TensorFlow backend; KERAS_BACKEND is "
             f"{keras.backend.backend()!r}"
         )
-    fingerprints = {}
-    for name, function in _upstream_functions(_trainer_module()).items():
-        source = inspect.getsource(function).encode()
-        fingerprints[name] = hashlib.sha256(source).hexdigest()
-    return fingerprints
+    return sha256_of_sources(_upstream_functions(_trainer_module()))
+
+
+def sha256_of_sources(functions):
+    """``{name: SHA-256 of the installed source}`` of ``{name: function}``: how the project
+    pins the Keras internals it patches (here and in :mod:`yolo3.comm.reducer`)."""
+    return {
+        name: hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+        for name, function in functions.items()
+    }
+
+
+def source_changes(fingerprints, expected):
+    """One ``name: expected ..., found ...`` line per function whose source is not the one
+    ``expected`` records."""
+    return [
+        f"{name}: expected {expected[name][:12]}..., found {digest[:12]}..."
+        for name, digest in fingerprints.items()
+        if digest != expected[name]
+    ]
 
 
 def check_compatible():
@@ -120,11 +135,7 @@ def check_compatible():
             f"it and add the version to TESTED_KERAS_VERSIONS. {UNTESTED_OVERRIDE_ENV}=1 "
             "skips this check but not the source fingerprint check."
         )
-    changed = [
-        f"{name}: expected {EXPECTED_SOURCE_SHA256[name][:12]}..., found {digest[:12]}..."
-        for name, digest in source_fingerprints().items()
-        if digest != EXPECTED_SOURCE_SHA256[name]
-    ]
+    changed = source_changes(source_fingerprints(), EXPECTED_SOURCE_SHA256)
     if changed:
         raise RuntimeError(
             f"Keras {keras.__version__} changed the code yolo3.distributed.keras_mwms patches in "
