@@ -11,6 +11,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from pathlib import Path
 
 # Former module -> where it lives now.
 MOVED = {
@@ -71,6 +72,21 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         target = importlib.import_module(new)
         names = {k: v for k, v in vars(target).items() if not k.startswith("__")}
         module.__dict__.update(names)
+
+
+def answer_for(package, module):
+    """A ``__getattr__`` for ``package`` (a name), which took the place of a former module of
+    the same name whose code is now its submodule ``module``: a submodule's name falls through
+    to the import system, any other public name is ``module``'s, imported on first use (so the
+    package's light submodules stay free of what ``module`` imports)."""
+    folder = Path(sys.modules[package].__file__).resolve().parent
+
+    def __getattr__(name):
+        if name.startswith("_") or (folder / f"{name}.py").exists():
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    return __getattr__
 
 
 def install():

@@ -8,15 +8,6 @@ preprocessing into record shards (``preprocess``, ``records``), the tf.data inpu
 before the package existed.
 """
 
-from pathlib import Path
+from yolo3._moved import answer_for
 
-_FOLDER = Path(__file__).resolve().parent
-
-
-def __getattr__(name):
-    # As yolo3.model: submodules through the import system, other names from pipeline.
-    if name.startswith("_") or (_FOLDER / f"{name}.py").exists():
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from yolo3.data import pipeline  # noqa: PLC0415
-
-    return getattr(pipeline, name)
+__getattr__ = answer_for(__name__, "pipeline")
