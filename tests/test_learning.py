@@ -82,10 +82,10 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
 
     # Each tool in a process of its own, timed, by the demo's own runner.
     run = load_tool("demo")._run
-    run("generate", "yolo3 make-demo-dataset", generate, times)
-    run("anchors", "yolo3 kmeans", fit_anchors, times)
-    run("preprocess", "yolo3 preprocess", preprocess, times)
-    run("train", "yolo3 train", fit, times)
+    run("generate", "make-demo-dataset", generate, times)
+    run("anchors", "kmeans", fit_anchors, times)
+    run("preprocess", "preprocess", preprocess, times)
+    run("train", "train", fit, times)
 
     started = time.perf_counter()
     class_names = read_classes(data / "classes.txt")

@@ -65,9 +65,9 @@ def _progress_flags(args):
     return [] if args.progress == "auto" else ["--progress", args.progress]
 
 
-def _run(title, command, argv, timings):
-    """Runs ``command`` (``"yolo3 NAME"``) in a process of its own, as a user would type it."""
-    name = command.split()[1]
+def _run(title, name, argv, timings):
+    """Runs ``yolo3 NAME`` in a process of its own, as a user would type it."""
+    command = f"yolo3 {name}"
     print(f"\n== {title}\n$ {command} {shlex.join(argv)}", flush=True)
     started = time.perf_counter()
     # The same library in the child, installed or not: its folder leads the import path.
@@ -90,21 +90,21 @@ def run(args):
     size = str(args.input_size)
     progress = _progress_flags(args)
     timings = {}
-    _run("generate the data set", "yolo3 make-demo-dataset", [
+    _run("generate the data set", "make-demo-dataset", [
         "--output", str(data), "--train", str(args.train_images),
         "--val", str(args.val_images), "--size", size, "--seed", str(args.seed),
     ], timings)  # fmt: skip
-    _run("fit anchors", "yolo3 kmeans", [
+    _run("fit anchors", "kmeans", [
         "--annotations", str(data / "train.txt"), "-k", "6", "--input-size", size,
         "--output", str(anchors),
     ], timings)  # fmt: skip
-    _run("preprocess into record shards", "yolo3 preprocess", [
+    _run("preprocess into record shards", "preprocess", [
         "--annotations", str(data / "train.txt"), "--val-annotations", str(data / "val.txt"),
         "--classes", str(data / "classes.txt"), "--output", str(records),
         "--input-size", size, "--copies", str(args.copies), "--seed", str(args.seed),
         "--overwrite", *progress,
     ], timings)  # fmt: skip
-    _run("train tiny-YOLOv3 from scratch", "yolo3 train", [
+    _run("train tiny-YOLOv3 from scratch", "train", [
         "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),
         "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
         "--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size),
@@ -113,7 +113,7 @@ def run(args):
         *(["--multi-scale", args.multi_scale] if args.multi_scale else []),
         *(["--resume"] if (log_dir / "checkpoints" / "state.weights.h5").exists() else []),
     ], timings)  # fmt: skip
-    _run("evaluate on the held-out images", "yolo3 evaluate", [
+    _run("evaluate on the held-out images", "evaluate", [
         "--weights", str(log_dir / "checkpoints" / "last.weights.h5"),
         "--records", str(records), "--output", str(report), *progress,
     ], timings)  # fmt: skip
