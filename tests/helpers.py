@@ -145,9 +145,9 @@ def load_tool(name):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
     if name != "benchmark":
         return importlib.import_module(f"yolo3.commands.{name}")
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
