@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, random_boxes, tiny_model
+from helpers import SMALL_ANCHORS, micro_model, random_boxes, tiny_model
 from test_compression import _max_difference, _wait, _worker, assert_trained_alike
 from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_train_distributed import _launch, _run, _sgd_args, _weights
@@ -224,14 +224,15 @@ def _batches(steps, batch):
     return images, boxes
 
 
-def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, **extra):
-    """A tiny trainer on the four replicas, trained ``steps`` steps (by default of SGD with
-    momentum; ``optimizer``: a function that makes another, called under the strategy's scope
-    as train.py does); ``options``: more of the trainer's arguments."""
+def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, body=micro_model, **extra):
+    """A trainer of ``body`` (the micro model: these tests compare runs with each other) on
+    the four replicas, trained ``steps`` steps (by default of SGD with momentum;
+    ``optimizer``: a function that makes another, called under the strategy's scope as
+    train.py does); ``options``: more of the trainer's arguments."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         trainer = YoloTrainer(
-            tiny_model(size=SIZE),
+            body(size=SIZE),
             anchors=SMALL_ANCHORS,
             num_classes=2,
             local_steps=local_steps,
@@ -262,20 +263,20 @@ def test_one_local_step_with_plain_averaging_equals_ordinary_training(strategy):
     _assert_trained_alike(ordinary, local, atol=2e-5)
 
 
-def _assert_trained_alike(ordinary, other, atol):
+def _assert_trained_alike(ordinary, other, atol, body=micro_model):
     """``other``'s weights within ``atol`` of ``ordinary``'s, which moved from the start."""
     moved = 0.0
     for a, b, start in zip(
-        ordinary.body.trainable_weights, other.body.trainable_weights, _start_weights()
+        ordinary.body.trainable_weights, other.body.trainable_weights, _start_weights(body)
     ):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=atol)
         moved = max(moved, float(np.max(np.abs(np.asarray(a) - start))))
     assert moved > 1e-2  # it trained
 
 
-def _start_weights():
+def _start_weights(body=micro_model):
     keras.utils.set_random_seed(0)
-    return [np.asarray(w) for w in tiny_model(size=SIZE).trainable_weights]
+    return [np.asarray(w) for w in body(size=SIZE).trainable_weights]
 
 
 @pytest.mark.slow
@@ -338,7 +339,7 @@ def test_overlapped_local_steps_compile_with_xla_on_one_device():
 
     def train(**local):
         keras.utils.set_random_seed(0)
-        trainer = YoloTrainer(tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, **local)
+        trainer = YoloTrainer(micro_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, **local)
         trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True)
         callbacks = [LocalSync(trainer.local_state, status=trainer.status)] if local else []
         trainer.fit(
