@@ -1,14 +1,16 @@
 """The gradient all-reduce in reduced precision, the options of the job's collectives, and
 the communication schemes the trainer is handed (``yolo3.comm.schemes``): which flags they
-refuse and what they log."""
+refuse, what they log, and that checkpoints keep the layout earlier releases wrote."""
 
+import json
 from pathlib import Path
 
+import h5py
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import tiny_model
+from helpers import SMALL_ANCHORS, tiny_model
 
 from yolo3.comm import reducer
 from yolo3.comm.allreduce import (
@@ -21,6 +23,7 @@ from yolo3.comm.allreduce import (
 from yolo3.comm.local_steps import sync_bytes
 from yolo3.comm.powersgd import powersgd_bytes
 from yolo3.comm.schemes import AllReduce, DenseWarmup, LocalSteps, PowerSGD, communication_from
+from yolo3.engine.trainer import YoloTrainer
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 
@@ -230,3 +233,41 @@ def test_what_each_scheme_sends_and_logs(body):
         f"every 2 steps, sent during the next 2 steps in float32 "
         f"({sync_bytes(weights) / 1e6:.2f} MB per worker; averaging)"
     )
+
+
+LAYOUT = Path(__file__).parent / "data" / "trainer_weights_layout.json"
+
+
+@pytest.mark.parametrize(
+    "kind, flags",
+    [
+        ("local", {"local_steps": 2, "outer_lr": 0.7, "outer_momentum": 0.9}),
+        ("powersgd", {"compress": "powersgd", "rank": 2}),
+    ],
+)
+def test_checkpoints_keep_the_layout_earlier_releases_wrote(tmp_path, kind, flags):
+    # Keras addresses a model's state by attribute name, public ones first in name order,
+    # then ``layers`` by class name: the communication's state must stay under
+    # layers/local_steps_state and layers/power_sgd_state, where the trainer of commit
+    # e735809 (which took the flags as its own arguments) saved it, so that its
+    # checkpoints and backups resume. The same path and shape for every dataset.
+    keras.utils.set_random_seed(0)
+    trainer = YoloTrainer(
+        tiny_model(),
+        anchors=SMALL_ANCHORS,
+        num_classes=2,
+        communication=communication_from(**flags),
+    )
+    trainer.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False)
+    trainer.build((None, 64, 64, 3))
+    trainer.optimizer.build(trainer.trainable_variables)
+    trainer.save_weights(tmp_path / "trainer.weights.h5")
+    written = {}
+
+    def record(name, item):  # returns None: visititems stops at the first other value
+        if isinstance(item, h5py.Dataset):
+            written[name] = list(item.shape)
+
+    with h5py.File(tmp_path / "trainer.weights.h5", "r") as f:
+        f.visititems(record)
+    assert written == json.loads(LAYOUT.read_text())[kind]
