@@ -53,10 +53,8 @@ from benchmarks import harness
 from benchmarks.link import RateLimitedLoopback, parse_rate
 from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import fileio
-from yolo3.callbacks import LocalSync
-from yolo3.comm.allreduce import BYTES_PER_ELEMENT, allreduce_bytes, check_allreduce_dtype
-from yolo3.comm.local_steps import sync_bytes
-from yolo3.comm.powersgd import powersgd_bytes
+from yolo3.comm.allreduce import BYTES_PER_ELEMENT, check_allreduce_dtype
+from yolo3.comm.schemes import communication_from
 from yolo3.distributed import strategy as distribute
 from yolo3.model.layers import SyncBatchNormalization
 
@@ -508,9 +506,10 @@ def format_scaling(result):
 def _traffic(trainer, job, replicas):
     """Bytes one worker contributes to the collectives of one optimizer step.
 
-    The gradient all-reduce once per step (with PowerSGD, its factors and the gradients it
-    leaves uncompressed; with local steps, the weight changes once per H steps, as an
-    average per step); each synchronised batch norm once per
+    The gradient all-reduce once per step (the communication's ``bytes_per_step``: with
+    PowerSGD, its factors and the gradients it leaves uncompressed; with local steps, the
+    weight changes once per H steps, as an average per step); each synchronised batch norm
+    once per
     micro-batch: a float32 all-gather of 4 statistics per channel forward and, backward,
     an all-reduce of the gathered ``replicas x 4`` per channel.
     """
@@ -520,15 +519,8 @@ def _traffic(trainer, job, replicas):
         if isinstance(layer, SyncBatchNormalization)
     )
     per_micro_batch = channels * 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
-    variables, dtype, rank = trainer.trainable_variables, job["allreduce_dtype"], job["rank"]
-    if job["local_steps"]:
-        sent = sync_bytes(trainer.body.weights, dtype) / job["local_steps"]
-    elif rank:
-        sent = powersgd_bytes(variables, rank, dtype)
-    else:
-        sent = allreduce_bytes(variables, dtype)
     return {
-        "gradient_bytes": sent,
+        "gradient_bytes": trainer.communication.bytes_per_step(trainer.body),
         "batch_norm_bytes": per_micro_batch * job["accumulate"],
     }
 
@@ -551,27 +543,28 @@ def worker_main(argv):
     strategy = distribute.make_strategy(gpus=0)
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
+    communication = communication_from(
+        job["allreduce_dtype"],
+        compress="powersgd" if job["rank"] else "none",
+        rank=job["rank"] or 4,
+        local_steps=job["local_steps"] or None,
+        overlap_sync=job["overlap_sync"] or None,
+    )
     sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
-    sync_bn = sync_bn and not job["local_steps"]  # refused with local steps, as in train.py
+    # Refused with local steps, as in train.py.
+    sync_bn = sync_bn and communication.all_reduces_in_step
     with strategy.scope():
         trainer, images, boxes = build_step(
             config.step,
             synchronized_bn=sync_bn,
             data_seed=config.step.seed + info.worker_index,
             accumulate=job["accumulate"],
-            allreduce_dtype=job["allreduce_dtype"],
-            compress="powersgd" if job["rank"] else "none",
-            rank=job["rank"] or 4,
-            local_steps=job["local_steps"] or None,
-            overlap_sync=job["overlap_sync"],
+            communication=communication,
         )
     # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
     # at epoch ends (the timed epochs are windows, not a run's epochs).
-    callbacks = []
-    sync = None
-    if trainer.local_state is not None:
-        sync = LocalSync(trainer.local_state, epoch_ends=False, status=trainer.status)
-        callbacks.append(sync)
+    callbacks = communication.callbacks(epoch_ends=False)
+    sync = callbacks[0] if callbacks else None  # a LocalSync, with local steps
 
     def dataset_fn(context):
         del context  # one in-memory batch per process, nothing to split
@@ -593,7 +586,7 @@ def worker_main(argv):
     )
     if sync is not None:
         # The synchronisation's first call would trace it: here, before the timed windows.
-        trainer.local_state.trace(strategy)
+        sync.state.trace(strategy)
     timer = WindowTimer()
     trainer.fit(
         data,

@@ -159,18 +159,14 @@ def build_step(
     jit_compile=None,
     remat="off",
     accumulate=1,
-    allreduce_dtype="float32",
-    compress="none",
-    rank=4,
-    local_steps=None,
-    overlap_sync=False,
+    communication=None,
 ):
     """A compiled trainer, as ``yolo3.engine.training.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
-    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate``,
-    ``allreduce_dtype``, ``compress``, ``rank``, ``local_steps`` and ``overlap_sync`` go to
-    the trainer.
+    ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate`` and
+    ``communication`` (a :class:`yolo3.comm.schemes.Communication`; None: the float32
+    all-reduce) go to the trainer.
     Layers take the global dtype policy.
 
     Returns:
@@ -198,11 +194,7 @@ def build_step(
         num_classes=config.num_classes,
         remat=remat,
         accumulate=accumulate,
-        allreduce_dtype=allreduce_dtype,
-        compress=compress,
-        rank=rank,
-        local_steps=local_steps,
-        overlap_sync=overlap_sync,
+        communication=communication,
     )
     # train.py's kind of schedule; the rate it gives does not change the cost of a step.
     schedule = WarmupSchedule(1e-3, warmup_steps=1000, total_steps=100000, scale=trainer.lr_scale)

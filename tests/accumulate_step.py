@@ -51,6 +51,7 @@ def run(layout, problem, settings):
     import keras
     from helpers import SMALL_ANCHORS, tiny_model
 
+    from yolo3.comm.schemes import AllReduce
     from yolo3.engine.trainer import YoloTrainer
 
     strategy, worker = _strategy(layout)
@@ -88,7 +89,7 @@ def run(layout, problem, settings):
             num_classes=2,
             ignore_thresh=0.5,
             accumulate=accumulate,
-            allreduce_dtype=settings["allreduce_dtype"],
+            communication=AllReduce(settings["allreduce_dtype"]),
         )
         trainer.compile(
             optimizer=keras.optimizers.SGD(settings.get("lr", LEARNING_RATE)), jit_compile=False

@@ -1,11 +1,16 @@
-"""The gradient all-reduce in reduced precision, and the options of the job's collectives."""
+"""The gradient all-reduce in reduced precision, the options of the job's collectives, and
+the communication schemes the trainer is handed (``yolo3.comm.schemes``): which flags they
+refuse, what they log, and that checkpoints keep the layout earlier releases wrote."""
 
+import json
 from pathlib import Path
 
+import h5py
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import SMALL_ANCHORS, tiny_model
 
 from yolo3.comm import reducer
 from yolo3.comm.allreduce import (
@@ -15,6 +20,10 @@ from yolo3.comm.allreduce import (
     communication_options,
     float16_scales,
 )
+from yolo3.comm.local_steps import sync_bytes
+from yolo3.comm.powersgd import powersgd_bytes
+from yolo3.comm.schemes import AllReduce, DenseWarmup, LocalSteps, PowerSGD, communication_from
+from yolo3.engine.trainer import YoloTrainer
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 
@@ -119,3 +128,146 @@ def test_the_optimizer_reduction_is_replaced_in_one_place_under_a_source_check(m
     monkeypatch.setattr(reducer, "EXPECTED_SOURCE_SHA256", changed)
     with pytest.raises(RuntimeError, match="_backend_update_step: expected 000000000000"):
         reducer.check_compatible()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"allreduce_dtype": "int8"}, "--allreduce-dtype 'int8'"),
+        ({"compress": "zip"}, "--compress 'zip'"),
+        ({"compress": "powersgd", "rank": 0}, "--rank 0"),
+        ({"rank": -2}, "--rank -2"),
+        ({"rank": 1.5}, "--rank 1.5"),
+        ({"local_steps": 0}, "--local-steps 0"),
+        ({"local_steps": 2.5}, "--local-steps 2.5"),
+        ({"local_steps": 4, "outer_lr": 0.0}, "--outer-lr 0"),
+        (
+            {"local_steps": 4, "outer_momentum": 1.0},
+            r"--outer-momentum 1.0: use a number in \[0, 1\)",
+        ),
+        ({"local_steps": 4, "outer_momentum": -0.1}, "--outer-momentum -0.1"),
+        ({"outer_momentum": 0.9}, "--outer-momentum set the outer step of --local-steps"),
+        ({"outer_lr": 0.7}, "--outer-lr and --outer-momentum .* pass --local-steps H too"),
+        ({"overlap_sync": 2}, "--overlap-sync .* pass --local-steps H too"),
+        (
+            {"local_steps": 2, "overlap_sync": 3},
+            r"--overlap-sync 3: .* from 1 to --local-steps \(2\)",
+        ),
+        ({"local_steps": 2, "overlap_sync": 0}, "--overlap-sync 0"),
+        ({"local_steps": 4, "compress": "powersgd"}, "--local-steps and --compress powersgd"),
+        ({"compress": "powersgd", "dense_steps": -1}, "--dense-steps -1"),
+        ({"local_steps": 2, "dense_steps": 0.5}, "--dense-steps 0.5"),
+        ({"dense_steps": 10}, "--dense-steps .* --compress powersgd or --local-steps"),
+        ({"local_steps": 4, "sync_bn": True}, "--sync-bn on .* --local-steps"),
+        ({"compress": "powersgd", "precision": "mixed_float16"}, "--compress powersgd .* float16"),
+        ({"compress": "powersgd", "precision": "float16"}, "--mixed-precision bfloat16 or off"),
+    ],
+)
+def test_communication_from_refuses_what_does_not_work(flags, message):
+    with pytest.raises(ValueError, match=message):
+        communication_from(**flags)
+
+
+@pytest.mark.parametrize(
+    "flags, kind, in_step",
+    [
+        ({}, AllReduce, True),
+        ({"allreduce_dtype": "float16", "sync_bn": True}, AllReduce, True),
+        ({"compress": "powersgd", "rank": 2, "precision": "mixed_bfloat16"}, PowerSGD, True),
+        ({"local_steps": 4, "sync_bn": False, "precision": "mixed_float16"}, LocalSteps, False),
+        ({"local_steps": 2, "overlap_sync": False}, LocalSteps, False),
+        ({"compress": "powersgd", "dense_steps": 5}, DenseWarmup, True),
+        ({"local_steps": 2, "dense_steps": 5}, DenseWarmup, False),
+    ],
+)
+def test_communication_from_builds_the_scheme_of_the_flags(flags, kind, in_step):
+    scheme = communication_from(**flags)
+    assert type(scheme) is kind
+    # The sync-BN default of train.py: off where the step holds no collective.
+    assert scheme.all_reduces_in_step is in_step
+    assert scheme.dtype == flags.get("allreduce_dtype", "float32")
+    assert scheme.state is None  # built by the trainer's compile
+
+
+def test_overlap_true_sends_during_the_whole_next_period():
+    assert communication_from(local_steps=3, overlap_sync=True).overlap == 3
+    assert communication_from(local_steps=3, overlap_sync=2).overlap == 2
+    assert communication_from(local_steps=3).overlap is None
+
+
+@pytest.fixture(scope="module")
+def body():
+    return tiny_model()  # 2 classes, 64 px
+
+
+def test_what_each_scheme_sends_and_logs(body):
+    trainable, weights = body.trainable_weights, body.weights
+    plain = communication_from(allreduce_dtype="bfloat16")
+    assert plain.bytes_per_step(body) == allreduce_bytes(trainable, "bfloat16")
+    assert plain.describe(body) == "bfloat16"
+
+    compressed = communication_from(compress="powersgd", rank=2)
+    sent, full = powersgd_bytes(trainable, 2), allreduce_bytes(trainable)
+    assert compressed.bytes_per_step(body) == sent < full / 40
+    assert compressed.describe(body) == (
+        f"float32 + PowerSGD rank 2 ({sent / 1e6:.2f} MB per step per worker, "
+        f"{full / 1e6:.2f} MB uncompressed)"
+    )
+    # The figure test_compression's two-worker run logs for this model.
+    assert "(0.19 MB per step per worker" in compressed.describe(body)
+
+    local = communication_from(
+        allreduce_dtype="bfloat16", local_steps=4, outer_lr=0.7, outer_momentum=0.9, overlap_sync=1
+    )
+    synced = sync_bytes(weights, "bfloat16")
+    assert local.bytes_per_step(body) == synced / 4  # once per H steps
+    assert local.describe(body) == (
+        "none in the step; weight changes every 4 steps, sent during the next 1 step in "
+        f"bfloat16 ({synced / 1e6:.2f} MB per worker; outer lr 0.7, Nesterov momentum 0.9)"
+    )
+
+    warmed = communication_from(local_steps=2, overlap_sync=True, dense_steps=100)
+    assert warmed.bytes_per_step(body) == sync_bytes(weights) / 2  # after the warm-up
+    assert warmed.describe(body) == (
+        "the whole gradient for the first 100 steps, then none in the step; weight changes "
+        f"every 2 steps, sent during the next 2 steps in float32 "
+        f"({sync_bytes(weights) / 1e6:.2f} MB per worker; averaging)"
+    )
+
+
+LAYOUT = Path(__file__).parent / "data" / "trainer_weights_layout.json"
+
+
+@pytest.mark.parametrize(
+    "kind, flags",
+    [
+        ("local", {"local_steps": 2, "outer_lr": 0.7, "outer_momentum": 0.9}),
+        ("powersgd", {"compress": "powersgd", "rank": 2}),
+    ],
+)
+def test_checkpoints_keep_the_layout_earlier_releases_wrote(tmp_path, kind, flags):
+    # Keras addresses a model's state by attribute name, public ones first in name order,
+    # then ``layers`` by class name: the communication's state must stay under
+    # layers/local_steps_state and layers/power_sgd_state, where the trainer of commit
+    # e735809 (which took the flags as its own arguments) saved it, so that its
+    # checkpoints and backups resume. The same path and shape for every dataset.
+    keras.utils.set_random_seed(0)
+    trainer = YoloTrainer(
+        tiny_model(),
+        anchors=SMALL_ANCHORS,
+        num_classes=2,
+        communication=communication_from(**flags),
+    )
+    trainer.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False)
+    trainer.build((None, 64, 64, 3))
+    trainer.optimizer.build(trainer.trainable_variables)
+    trainer.save_weights(tmp_path / "trainer.weights.h5")
+    written = {}
+
+    def record(name, item):  # returns None: visititems stops at the first other value
+        if isinstance(item, h5py.Dataset):
+            written[name] = list(item.shape)
+
+    with h5py.File(tmp_path / "trainer.weights.h5", "r") as f:
+        f.visititems(record)
+    assert written == json.loads(LAYOUT.read_text())[kind]

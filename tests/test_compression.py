@@ -27,6 +27,7 @@ from yolo3.comm.powersgd import (
     powersgd_bytes,
     worth_compressing,
 )
+from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
 from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer
@@ -247,7 +248,10 @@ def test_which_kernels_are_compressed_and_the_bytes():
 
 def _trainer(compress, rank=2):
     trainer = YoloTrainer(
-        tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, compress=compress, rank=rank
+        tiny_model(size=SIZE),
+        anchors=SMALL_ANCHORS,
+        num_classes=2,
+        communication=communication_from(compress=compress, rank=rank),
     )
     trainer.compile(optimizer=keras.optimizers.SGD(0.01))
     trainer.build((None, SIZE, SIZE, 3))
@@ -256,19 +260,18 @@ def _trainer(compress, rank=2):
 
 def test_the_state_is_saved_with_the_trainer_and_loads_only_where_it_fits(tmp_path):
     saved = _trainer("powersgd")
+    state = saved.communication.state
     # The trainer's own collection: every kernel of tiny-YOLOv3, none of its weights.
-    assert len(saved.powersgd) == 13
+    assert len(state) == 13
     assert not any("powersgd" in v.name for v in saved.weights)
     rng = np.random.default_rng(0)
-    for variable in (*saved.powersgd.q_factors, *saved.powersgd.errors):
+    for variable in (*state.q_factors, *state.errors):
         variable.assign(rng.normal(0, 1, variable.shape).astype(np.float32))
     saved.save_weights(tmp_path / "state.weights.h5")
     loaded = _trainer("powersgd")
     loaded.load_weights(tmp_path / "state.weights.h5")
-    for a, b in zip(
-        (*saved.powersgd.q_factors, *saved.powersgd.errors),
-        (*loaded.powersgd.q_factors, *loaded.powersgd.errors),
-    ):
+    restored = loaded.communication.state
+    for a, b in zip((*state.q_factors, *state.errors), (*restored.q_factors, *restored.errors)):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     with pytest.raises(ValueError, match="--rank"):
         _trainer("powersgd", rank=4).load_weights(tmp_path / "state.weights.h5")

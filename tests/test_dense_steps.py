@@ -7,8 +7,8 @@ from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_local_steps import _copies, _fit, _more_steps
 from train_helpers import train_args
 
+from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
-from yolo3.engine.trainer import YoloTrainer
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +36,14 @@ def test_powersgd_starts_after_the_dense_steps(strategy):
     # Two steps of the whole gradient: ordinary training, nothing held back for later.
     assert warmed.status.dense_phase
     _assert_same_weights(ordinary, warmed)
-    assert all(not np.any(np.asarray(e)) for e in warmed.powersgd.errors)
+    errors = warmed.communication.state.errors
+    assert all(not np.any(np.asarray(e)) for e in errors)
     # The step counter has reached 2: the next step is compressed (rank 1 holds back a part
     # of the gradient as error feedback) and training goes on from there.
     _more_steps(ordinary, 1)
     _more_steps(warmed, 1)
     assert not warmed.status.dense_phase
-    assert max(float(np.max(np.abs(np.asarray(e)))) for e in warmed.powersgd.errors) > 1e-4
+    assert max(float(np.max(np.abs(np.asarray(e)))) for e in errors) > 1e-4
     assert _largest_difference(ordinary, warmed) > 1e-5
 
 
@@ -65,13 +66,11 @@ def test_local_steps_start_after_the_dense_steps(strategy):
     assert _largest_difference(ordinary, warmed) > 1e-5  # the outer momentum acted
 
 
-def test_the_trainer_refuses_dense_steps_alone():
+def test_dense_steps_alone_are_refused():
     with pytest.raises(ValueError, match="--dense-steps"):
-        YoloTrainer(None, anchors=np.ones((6, 2)), num_classes=1, dense_steps=3)
+        communication_from(dense_steps=3)
     with pytest.raises(ValueError, match="--dense-steps -1"):
-        YoloTrainer(
-            None, anchors=np.ones((6, 2)), num_classes=1, compress="powersgd", dense_steps=-1
-        )
+        communication_from(compress="powersgd", dense_steps=-1)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from train_helpers import SIZE, small_record_set, train_args
 
 from yolo3.callbacks import LocalSync
 from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
+from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
 from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer, make_optimizer
@@ -235,12 +236,12 @@ def _fit(strategy, local_steps, steps=3, options=None, optimizer=None, body=micr
             body(size=SIZE),
             anchors=SMALL_ANCHORS,
             num_classes=2,
-            local_steps=local_steps,
-            **(options or {}),
+            communication=communication_from(local_steps=local_steps, **(options or {})),
         )
         optimizer = optimizer() if optimizer else keras.optimizers.SGD(0.05, momentum=0.9)
         trainer.compile(optimizer=optimizer, jit_compile=False)
-    sync = None if local_steps is None else LocalSync(trainer.local_state, status=trainer.status)
+    state = trainer.communication.state
+    sync = None if local_steps is None else LocalSync(state, status=trainer.status)
     _more_steps(trainer, steps, sync, **extra)
     return trainer, sync
 
@@ -286,7 +287,7 @@ def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy
     copies = _copies(strategy, kernel)
     for copy in copies[1:]:
         np.testing.assert_array_equal(copy, copies[0])
-    state = trainer.local_state
+    state = trainer.communication.state
     # Two more local steps without the callback: each replica moves on its own.
     _more_steps(trainer, 2)
     copies = _copies(strategy, kernel)
@@ -300,7 +301,7 @@ def test_replicas_drift_apart_between_synchronisations_and_meet_at_each(strategy
 @pytest.mark.slow
 def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
     trainer, sync = _fit(strategy, 2, steps=2, options={"overlap_sync": True})
-    state = trainer.local_state
+    state = trainer.communication.state
     kernel = trainer.body.trainable_weights[0]
 
     def assert_met():  # a full synchronisation: one model, nothing in flight
@@ -339,9 +340,13 @@ def test_overlapped_local_steps_compile_with_xla_on_one_device():
 
     def train(**local):
         keras.utils.set_random_seed(0)
-        trainer = YoloTrainer(micro_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, **local)
+        trainer = YoloTrainer(
+            micro_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2,
+            communication=communication_from(**local),
+        )  # fmt: skip
         trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True)
-        callbacks = [LocalSync(trainer.local_state, status=trainer.status)] if local else []
+        state = trainer.communication.state
+        callbacks = [LocalSync(state, status=trainer.status)] if local else []
         trainer.fit(
             images, boxes, batch_size=4, epochs=1, shuffle=False, callbacks=callbacks,
             verbose=0,
@@ -358,8 +363,10 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
     def make(momentum):
         with strategy.scope():
             trainer = YoloTrainer(
-                tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2, local_steps=4,
-                outer_lr=0.7, outer_momentum=momentum,
+                tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2,
+                communication=communication_from(
+                    local_steps=4, outer_lr=0.7, outer_momentum=momentum
+                ),
             )  # fmt: skip
             trainer.compile(optimizer=keras.optimizers.SGD(0.01))
         trainer.build((None, SIZE, SIZE, 3))
@@ -368,12 +375,13 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
     saved = make(0.9)
     assert not any("anchor" in v.name or "momentum_" in v.name for v in saved.weights)
     rng = np.random.default_rng(0)
-    for buffer in saved.local_state.momentum_buffers:
+    buffers = saved.communication.state.momentum_buffers
+    for buffer in buffers:
         buffer.assign(rng.normal(0, 1, buffer.shape).astype(np.float32))
     saved.save_weights(tmp_path / "state.weights.h5")
     loaded = make(0.9)
     loaded.load_weights(tmp_path / "state.weights.h5")
-    for a, b in zip(saved.local_state.momentum_buffers, loaded.local_state.momentum_buffers):
+    for a, b in zip(buffers, loaded.communication.state.momentum_buffers):
         np.testing.assert_array_equal(a.read_value(), b.read_value())
     with pytest.raises(ValueError, match="--outer-momentum"):
         make(0.0).load_weights(tmp_path / "state.weights.h5")

@@ -57,34 +57,6 @@ from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
 from yolo3.comm.reducer import install_reducer
 
 
-def check_local_steps(local_steps, outer_lr=1.0, outer_momentum=0.0, *, overlap=False):
-    """Raises ValueError naming the flag when ``--local-steps``, ``--outer-lr``,
-    ``--outer-momentum`` or ``--overlap-sync`` is unusable; returns the first three as int,
-    float, float."""
-    if local_steps is None:
-        if outer_lr != 1.0 or outer_momentum != 0.0:
-            raise ValueError(
-                "--outer-lr and --outer-momentum set the outer step of --local-steps: pass "
-                "--local-steps H too"
-            )
-        if overlap:
-            raise ValueError(
-                "--overlap-sync sends the weight changes of --local-steps during the steps: "
-                "pass --local-steps H too"
-            )
-        return None, 1.0, 0.0
-    if int(local_steps) != local_steps or local_steps < 1:
-        raise ValueError(
-            f"--local-steps {local_steps}: use a whole number of optimizer steps >= 1 "
-            "between synchronisations"
-        )
-    if not outer_lr > 0:
-        raise ValueError(f"--outer-lr {outer_lr}: use a number > 0 (1 with plain averaging)")
-    if not 0 <= outer_momentum < 1:
-        raise ValueError(f"--outer-momentum {outer_momentum}: use a number in [0, 1)")
-    return int(local_steps), float(outer_lr), float(outer_momentum)
-
-
 def sync_bytes(variables, dtype="float32"):
     """Bytes one replica's synchronisation all-reduces: every float variable in ``dtype``."""
     elements = sum(int(np.prod(v.shape)) for v in variables if _is_float(v))
@@ -133,6 +105,11 @@ class LocalStepsState(keras.layers.Layer):
         local_steps: ``H``, optimizer steps between synchronisations.
         outer_lr, outer_momentum: the outer step (see the module's docstring).
         allreduce_dtype: the dtype the weight changes travel in.
+        overlap: False, ``T`` (1 to ``H``) or True (``H``): the changes travel during the
+            next period's first ``T`` steps (see the module's docstring).
+
+    The values are taken as given: :func:`yolo3.comm.schemes.communication_from` is where
+    the flags they come from are checked.
     """
 
     def __init__(
@@ -147,19 +124,13 @@ class LocalStepsState(keras.layers.Layer):
         name="local_steps",
     ):
         super().__init__(name=name, trainable=False)
-        self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
-            local_steps, outer_lr, outer_momentum, overlap=overlap
-        )
+        self.local_steps = int(local_steps)
+        self.outer_lr, self.outer_momentum = float(outer_lr), float(outer_momentum)
         self.allreduce_dtype = allreduce_dtype
         # overlap: True (the change travels during the whole next period) or T steps.
         self.overlap_steps = None
         if overlap:
             self.overlap_steps = self.local_steps if overlap is True else int(overlap)
-            if not 1 <= self.overlap_steps <= self.local_steps:
-                raise ValueError(
-                    f"--overlap-sync {overlap}: use a number of steps from 1 to --local-steps "
-                    f"({self.local_steps})"
-                )
         self.overlap = self.overlap_steps is not None
         self.in_flight = False  # a change sent at the last period end, not yet applied
         self.steps_since_sync = 0

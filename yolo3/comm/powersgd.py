@@ -52,15 +52,6 @@ FLOAT16_REFUSAL = (
 )
 
 
-def check_compression(compress, rank):
-    """Raises ValueError naming the flag when ``--compress`` or ``--rank`` is unusable."""
-    if compress not in COMPRESSIONS:
-        raise ValueError(f"--compress {compress!r}: use one of {COMPRESSIONS}")
-    if int(rank) != rank or rank < 1:
-        raise ValueError(f"--rank {rank}: use a whole number >= 1")
-    return compress, int(rank)
-
-
 def matrix_shape(shape):
     """``(m, n)``: a kernel ``(kh, kw, cin, cout)`` as ``kh * kw * cin`` rows by ``cout``.
 

@@ -4,7 +4,8 @@ A field of :class:`TrainConfig` holds its type, its default and, in its metadata
 (:func:`setting`), everything ``yolo3 train`` needs to offer it as a flag: the group it is
 listed in, its help, its choices, its metavar and how the text is parsed. The parser is
 generated from the fields (:func:`add_arguments`) and read back by :func:`from_args`, so a
-new setting is one field here; its checks are in :meth:`TrainConfig.__post_init__`, once,
+new setting is one field here; its checks are in :meth:`TrainConfig.__post_init__` (the
+communication flags' in :func:`yolo3.comm.schemes.communication_from`, which it calls), once,
 whether the run comes from the command line, a notebook or a saved ``config.json``.
 """
 
@@ -15,6 +16,7 @@ import types
 from yolo3.cli import add_progress_arguments, on_off, output_folder, progress_setting
 from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.powersgd import COMPRESSIONS
+from yolo3.comm.schemes import communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
 from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.model.loss import IGNORE_THRESH
@@ -326,30 +328,6 @@ class TrainConfig:
             (self.lr > 0, "--lr must be > 0"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
             (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
-            (self.rank >= 1, "--rank must be >= 1 (the rank of PowerSGD's factors)"),
-            (
-                self.local_steps is None or self.local_steps >= 1,
-                "--local-steps must be >= 1 (optimizer steps between synchronisations)",
-            ),
-            (self.outer_lr > 0, "--outer-lr must be > 0 (1: plain averaging)"),
-            (0 <= self.outer_momentum < 1, "--outer-momentum must be in [0, 1)"),
-            (
-                not self.overlap_sync or self.local_steps is not None,
-                "--overlap-sync sends the weight changes of --local-steps during the steps: "
-                "pass --local-steps H too",
-            ),
-            (
-                self.overlap_sync is None
-                or self.local_steps is None
-                or 1 <= self.overlap_sync <= self.local_steps,
-                "--overlap-sync T must be from 1 to --local-steps H",
-            ),
-            (self.dense_steps >= 0, "--dense-steps must be >= 0 (optimizer steps)"),
-            (
-                not self.dense_steps or self.compress != "none" or self.local_steps is not None,
-                "--dense-steps sets the uncompressed steps before --compress powersgd or "
-                "--local-steps: pass one of them too",
-            ),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,
                 "--collective-timeout must be a positive number of seconds",
@@ -366,6 +344,26 @@ class TrainConfig:
         check_interval(self.log_every, self.log_seconds)
         if self.freeze_body and not self.freeze_epochs:
             raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
+        # The communication flags, alone and together, and with --sync-bn and an explicit
+        # --mixed-precision float16.
+        self.communication(self.mixed_precision)
+
+    def communication(self, precision=None):
+        """The run's :class:`yolo3.comm.schemes.Communication`, from the communication
+        flags (:func:`yolo3.comm.schemes.communication_from`, which refuses what does not
+        go together); ``precision``: the mixed precision in force, if known."""
+        return communication_from(
+            self.allreduce_dtype,
+            self.compress,
+            self.rank,
+            self.local_steps,
+            self.outer_lr,
+            self.outer_momentum,
+            self.overlap_sync,
+            self.dense_steps,
+            sync_bn=self.sync_bn,
+            precision=precision,
+        )
 
 
 def flag_of(field):

@@ -12,7 +12,8 @@ class TrainingStatus:
         stop_requested: some worker asked the job to stop; every worker sees it after the
             same step (see :class:`yolo3.callbacks.Preemption`), and stops there with a backup.
         dense_phase: the step still all-reduces the whole gradient (``--dense-steps``), before
-            PowerSGD or local steps take over.
+            PowerSGD or local steps take over; set by the trainer's communication
+            (:class:`yolo3.comm.schemes.DenseWarmup`).
     """
 
     stop_requested: bool = False

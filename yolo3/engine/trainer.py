@@ -19,14 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from yolo3.comm.allreduce import check_allreduce_dtype, install_gradient_reducer
-from yolo3.comm.local_steps import LocalStepsState, check_local_steps, install_local_reducer
-from yolo3.comm.powersgd import (
-    PowerSGDState,
-    check_compression,
-    compressible,
-    install_powersgd_reducer,
-)
+from yolo3.comm.schemes import AllReduce
 from yolo3.data.multiscale import resize_batch
 from yolo3.distributed import malloc
 from yolo3.engine.status import TrainingStatus
@@ -202,31 +195,12 @@ class YoloTrainer(keras.Model):
             has synchronised batch norm) and updates its moving averages once per
             micro-batch, as Darknet does; everything else equals one step on the
             ``accumulate`` times larger batch.
-        allreduce_dtype: ``float32``, ``bfloat16`` or ``float16``: the dtype gradients are
-            summed across replicas in (:func:`yolo3.comm.allreduce.all_reduce_gradients`).
-        compress: ``none``, or ``powersgd``: the large convolution kernels' gradients are
-            all-reduced as rank-``rank`` factors with error feedback
-            (:mod:`yolo3.comm.powersgd`); ``compile`` builds the state (``trainer.powersgd``,
-            saved with the trainer) under the strategy's scope. Once per optimizer step, so
-            with ``accumulate`` the summed micro-batches are compressed together.
-        rank: the factors' rank with ``compress="powersgd"``.
-        local_steps: None, or ``H``: no all-reduce in the step; each replica applies its
-            own gradient, and :class:`yolo3.callbacks.LocalSync` synchronises the replicas
-            every ``H`` optimizer steps (:mod:`yolo3.comm.local_steps`). ``compile`` builds the
-            state (``trainer.local_state``, saved with the trainer) under the strategy's
-            scope, from the body's current weights.
-        outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
-            averaging; DiLoCo's Nesterov momentum otherwise).
-        overlap_sync: with ``local_steps``: ``T`` (or True: ``H``); each period's weight
-            changes travel during the first ``T`` steps of the next period, a chunk in each
-            train step beside its computation, and are applied there, ``T`` steps late
-            (:mod:`yolo3.comm.local_steps`).
-        dense_steps: with ``compress`` or ``local_steps``: the first ``dense_steps``
-            optimizer steps all-reduce the whole gradient (in ``allreduce_dtype``) as
-            ordinary training does; from then on the train function is rebuilt with the
-            compressed or local step. Decided by the optimizer's step counter, so a
-            resumed run switches at the same step. PowerSGD's authors start compression
-            after such a warm-up.
+        communication: how gradients cross the network, a
+            :class:`yolo3.comm.schemes.Communication` (default: ``AllReduce()``, Keras's
+            float32 all-reduce); :func:`yolo3.comm.schemes.communication_from` builds one
+            from ``yolo3 train``'s flags. One per trainer: ``compile`` builds its state
+            (saved with the trainer's weights) under the strategy's scope and installs its
+            reduction in the optimizer.
 
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.model.targets.build_targets`, or the padded boxes
@@ -246,45 +220,21 @@ class YoloTrainer(keras.Model):
         remat="off",
         multi_scale=None,
         accumulate=1,
-        allreduce_dtype="float32",
-        compress="none",
-        rank=4,
-        local_steps=None,
-        outer_lr=1.0,
-        outer_momentum=0.0,
-        overlap_sync=False,
-        dense_steps=0,
+        communication=None,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
         if int(accumulate) != accumulate or accumulate < 1:
             raise ValueError(f"--accumulate {accumulate}: use a whole number of micro-batches >= 1")
         self.accumulate = int(accumulate)
-        self.allreduce_dtype = check_allreduce_dtype(allreduce_dtype)
-        self.compress, self.rank = check_compression(compress, rank)
-        self.powersgd = None  # PowerSGDState, built by compile()
-        self.local_steps, self.outer_lr, self.outer_momentum = check_local_steps(
-            local_steps, outer_lr, outer_momentum, overlap=overlap_sync
-        )
-        self.overlap_sync = overlap_sync or None
-        if self.local_steps is not None and self.compress != "none":
-            raise ValueError(
-                "--local-steps and --compress powersgd are two answers to one problem: the "
-                "synchronisation of --local-steps sends whole weights; pick one"
-            )
-        self.local_state = None  # LocalStepsState, built by compile()
-        if int(dense_steps) != dense_steps or dense_steps < 0:
-            raise ValueError(
-                f"--dense-steps {dense_steps}: use a whole number of optimizer steps >= 0"
-            )
-        if dense_steps and self.compress == "none" and self.local_steps is None:
-            raise ValueError(
-                "--dense-steps sets how many optimizer steps run uncompressed before "
-                "--compress powersgd or --local-steps takes over: pass one of them too"
-            )
-        self.dense_steps = int(dense_steps)
-        # What the step tells the callbacks: the stop request, the dense phase.
+        self.communication = communication or AllReduce()
+        # What the step and the communication tell the callbacks: the stop request, the
+        # dense phase.
         self.status = TrainingStatus()
+        # The communication's state layer, tracked for saving. Private: Keras saves a
+        # model's public attributes in name order before its ``layers`` (where checkpoints
+        # hold the state, by class name) and its private ones after.
+        self._communication_state = None
         self.body = body
         self.multi_scale = multi_scale
         self.scale_history = []  # the size of every step this process has trained
@@ -308,44 +258,9 @@ class YoloTrainer(keras.Model):
         super().compile(*args, **kwargs)
         if self.optimizer is None:
             return
-        if self.compress == "powersgd" and self.powersgd is None:
-            # Every kernel, frozen ones too: a frozen stage's kernels train later.
-            kernels = compressible(self.body.weights, self.rank)
-            self.powersgd = PowerSGDState(kernels, self.rank)
-        elif self.local_steps is not None and self.local_state is None:
-            self.local_state = LocalStepsState(
-                self.body.weights,
-                self.local_steps,
-                outer_lr=self.outer_lr,
-                outer_momentum=self.outer_momentum,
-                allreduce_dtype=self.allreduce_dtype,
-                overlap=self.overlap_sync,
-            )
-        self.status.dense_phase = self.dense_steps > 0
-        self._install_reducer()
-
-    def _install_reducer(self):
-        """Gives the optimizer the gradient reduction of the current phase."""
-        dense = self.status.dense_phase
-        if dense or (self.compress == "none" and self.local_steps is None):
-            if dense or self.allreduce_dtype != "float32":
-                install_gradient_reducer(self.optimizer, self.allreduce_dtype)
-        elif self.compress == "powersgd":
-            install_powersgd_reducer(self.optimizer, self.powersgd, self.allreduce_dtype)
-        else:
-            install_local_reducer(self.optimizer)
-
-    def _end_dense_phase(self):
-        """From the next step on: the compressed or local step, in a new train function.
-
-        The replicas hold identical weights here (every step so far was all-reduced), so
-        local steps' anchors start from them.
-        """
-        self.status.dense_phase = False
-        self._install_reducer()
-        if self.local_state is not None:
-            self.local_state.reset(self.distribute_strategy)
-        self.make_train_function(force=True)
+        self.communication.build(self.body, self.status)
+        self._communication_state = self.communication.state
+        self.communication.install(self.optimizer)
 
     def attach_input_clock(self, clock):
         """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
@@ -377,8 +292,7 @@ class YoloTrainer(keras.Model):
         function = self._make_train_function(force)
         if self._stop_flag is not None:
             function = self._with_stop_requests(function)
-        if self.status.dense_phase:
-            function = self._until_dense_steps_end(function)
+        function = self.communication.wrap_train_function(function, self)
         function = self._with_malloc_thresholds(function)
         self.train_function = function
         return function
@@ -410,16 +324,6 @@ class YoloTrainer(keras.Model):
             logs = dict(function(iterator))
             self.status.stop_requested = bool(logs.pop(STOP_KEY) > 0)
             return logs
-
-        return train_function
-
-    def _until_dense_steps_end(self, function):
-        def train_function(iterator):
-            # The optimizer's step counter is the same on every replica and worker.
-            if int(self.optimizer.iterations.numpy()) >= self.dense_steps:
-                self._end_dense_phase()
-                return self.train_function(iterator)
-            return function(iterator)
 
         return train_function
 
@@ -508,15 +412,10 @@ class YoloTrainer(keras.Model):
     def train_step(self, data):
         """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches.
 
-        With overlapped local steps, the step also carries its share of the previous
-        period's synchronisation (independent of the rest of the step).
+        The communication's own work of the step (``in_step``) comes first: with overlapped
+        local steps, the step's share of the previous period's synchronisation.
         """
-        if (
-            self.local_state is not None
-            and self.local_state.overlap
-            and not self.status.dense_phase
-        ):
-            self.local_state.exchange()
+        self.communication.in_step()
         if self.accumulate == 1:
             return super().train_step(data)
         from keras.src.losses import loss as loss_module

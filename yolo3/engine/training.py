@@ -24,9 +24,7 @@ import tensorflow as tf
 from yolo3 import callbacks as yolo_callbacks
 from yolo3 import fileio
 from yolo3.checkpoint.weights import check_model_type, load_weights, read_metadata
-from yolo3.comm import allreduce as communication
-from yolo3.comm import local_steps
-from yolo3.comm.powersgd import FLOAT16_REFUSAL, powersgd_bytes
+from yolo3.comm.allreduce import communication_options
 from yolo3.data import multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
@@ -180,39 +178,6 @@ def _accumulate_text(config):
     return f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
 
 
-def _allreduce_text(config, body):
-    """The all-reduce's dtype, and with compression or local steps the bytes it sends."""
-    text = _reduction_text(config, body)
-    if not config.dense_steps:
-        return text
-    return f"the whole gradient for the first {config.dense_steps} steps, then {text}"
-
-
-def _reduction_text(config, body):
-    if config.local_steps is not None:
-        sent = local_steps.sync_bytes(body.weights, config.allreduce_dtype)
-        outer = "averaging"
-        if config.outer_lr != 1.0 or config.outer_momentum:
-            outer = f"outer lr {config.outer_lr:g}, Nesterov momentum {config.outer_momentum:g}"
-        when = f"every {config.local_steps} steps"
-        if config.overlap_sync:
-            steps = config.overlap_sync
-            when += f", sent during the next {steps} step{'s' if steps > 1 else ''}"
-        return (
-            f"none in the step; weight changes {when} in "
-            f"{config.allreduce_dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
-        )
-    if config.compress == "none":
-        return config.allreduce_dtype
-    weights = body.trainable_weights
-    sent = powersgd_bytes(weights, config.rank, config.allreduce_dtype)
-    full = communication.allreduce_bytes(weights, config.allreduce_dtype)
-    return (
-        f"{config.allreduce_dtype} + PowerSGD rank {config.rank} ({sent / 1e6:.2f} MB per step "
-        f"per worker, {full / 1e6:.2f} MB uncompressed)"
-    )
-
-
 def _sizes_text(scales):
     if scales is None:
         return "off"
@@ -256,9 +221,7 @@ def _run(config, *, log):
         gpus=config.gpus,
         cpu_replicas=config.cpu_replicas,
         slurm_port_base=config.slurm_port_base or distribute.default_slurm_port_base(),
-        communication=communication.communication_options(
-            config.bytes_per_pack, config.collective_timeout
-        ),
+        communication=communication_options(config.bytes_per_pack, config.collective_timeout),
     )
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
@@ -280,17 +243,15 @@ def _run(config, *, log):
     if config.weights:
         check_model_type(model_type, config.weights)  # before any model is built
     anchor_masks = default_anchor_masks(len(anchors))
-    if config.local_steps is not None and config.sync_bn:
-        raise ValueError(
-            "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
-            "use --sync-bn off (each synchronisation averages the batch-norm statistics)"
-        )
-    local = config.local_steps is not None
-    sync_bn = replicas > 1 and not local if config.sync_bn is None else config.sync_bn
+    precision = keras.mixed_precision.global_policy().name
+    # How gradients cross the network; refused here too when "auto" chose float16.
+    communication = config.communication(precision)
+    sync_bn = config.sync_bn
+    if sync_bn is None:  # on where it adds no collective to a step that has none
+        sync_bn = replicas > 1 and communication.all_reduces_in_step
     jit_compile = devices.choose_jit_compile(
         config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
     )
-    precision = keras.mixed_precision.global_policy().name
 
     checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
     backup_root = os.path.join(config.log_dir, "backup")
@@ -303,8 +264,6 @@ def _run(config, *, log):
         sizes = multiscale.parse_sizes(config.multi_scale, input_hw)
         scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
     peak_lr = scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch)
-    if config.compress != "none" and precision == "mixed_float16":
-        raise ValueError(FLOAT16_REFUSAL)
     # What config.json records beside the flags; a resumed run is checked against it.
     resolved = {
         "model": model_type,
@@ -338,7 +297,7 @@ def _run(config, *, log):
         log(
             f"{model_type} {input_hw[0]}x{input_hw[1]}, {num_classes} classes; "
             f"{replicas} replicas x {config.batch_size}{_accumulate_text(config)} = global "
-            f"batch {global_batch}; all-reduce {_allreduce_text(config, body)}; "
+            f"batch {global_batch}; all-reduce {communication.describe(body)}; "
             f"{steps} steps/epoch; peak lr {peak_lr:.3g} ({config.optimizer}); "
             f"sync BN {'on' if sync_bn else 'off'}; XLA {'on' if jit_compile else 'off'}; "
             f"precision {precision}; remat {config.remat}; "
@@ -355,14 +314,7 @@ def _run(config, *, log):
             remat=config.remat,
             multi_scale=scales,
             accumulate=config.accumulate,
-            allreduce_dtype=config.allreduce_dtype,
-            compress=config.compress,
-            rank=config.rank,
-            local_steps=config.local_steps,
-            outer_lr=config.outer_lr,
-            outer_momentum=config.outer_momentum,
-            overlap_sync=config.overlap_sync,
-            dense_steps=config.dense_steps,
+            communication=communication,
         )
         lr_schedule = WarmupSchedule(
             peak_lr,
@@ -601,13 +553,9 @@ def _callbacks(
         global_batch, clock, log=epoch_log if info.is_chief else None
     )
     nonfinite = yolo_callbacks.StopOnNonFinite()
-    # First: a synchronisation before anything reads or saves the weights.
-    ordered = (
-        []
-        if trainer.local_state is None
-        else [yolo_callbacks.LocalSync(trainer.local_state, backup, status=trainer.status)]
-    )
-    ordered.append(preemption)
+    # First: the communication's (local steps synchronise before anything reads or saves
+    # the weights).
+    ordered = [*trainer.communication.callbacks(backup), preemption]
     if config.freeze_body:
         names = frozen_layer_names(body, model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))

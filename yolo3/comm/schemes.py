@@ -1,0 +1,398 @@
+"""How gradients cross the network, as one object the trainer is handed.
+
+:class:`yolo3.engine.trainer.YoloTrainer` takes a :class:`Communication` and calls it at
+fixed points, knowing nothing of what it does; each algorithm is one implementation:
+:class:`AllReduce` (Keras's all-reduce, optionally in another dtype), :class:`PowerSGD`,
+:class:`LocalSteps` and :class:`DenseWarmup` (the whole gradient for a number of steps,
+then another scheme). :func:`communication_from` builds one from the values of
+``yolo3 train``'s flags, and is where every refusal of those flags, alone or together, is
+decided: the classes themselves take their arguments as given.
+
+The interface, in the order a run calls it:
+
+- ``build(body, status)``: in the trainer's ``compile``, under the strategy's scope, after
+  the body's weights hold their starting values. Makes ``state`` from the body's weights;
+  ``status`` is the trainer's :class:`yolo3.engine.status.TrainingStatus`.
+- ``state``: a Keras layer saved with the trainer's weights (the trainer tracks it), or
+  None.
+- ``install(optimizer)``: gives the compiled optimizer the scheme's gradient reduction,
+  through the ``install_*_reducer`` functions of :mod:`yolo3.comm`.
+- ``wrap_train_function(function, trainer)``: each time the trainer makes its train
+  function; returns the function to call instead (by default ``function`` itself).
+- ``in_step()``: at the start of every train step, in replica context, while it is traced.
+- ``callbacks(backup=None, *, epoch_ends=True)``: the callbacks the scheme needs in
+  ``fit``, first in the list (after ``compile``).
+- ``bytes_per_step(body)``, ``describe(body)``, ``all_reduces_in_step``, ``dtype``: what a
+  run logs and decides from it (the sync-BN default).
+
+An object holds the state it built for one trainer: make one per trainer.
+"""
+
+from yolo3.comm.allreduce import (
+    allreduce_bytes,
+    check_allreduce_dtype,
+    install_gradient_reducer,
+)
+from yolo3.comm.local_steps import LocalStepsState, install_local_reducer, sync_bytes
+from yolo3.comm.powersgd import (
+    COMPRESSIONS,
+    FLOAT16_REFUSAL,
+    PowerSGDState,
+    compressible,
+    install_powersgd_reducer,
+    powersgd_bytes,
+)
+
+# The precisions (flag values or Keras policy names) under which PowerSGD is refused.
+FLOAT16_PRECISIONS = ("float16", "mixed_float16")
+
+
+class Communication:
+    """The interface (see the module's docstring); the defaults do nothing.
+
+    Attributes:
+        dtype: the dtype gradients or weight changes travel in.
+        state: the layer ``build`` made (saved with the trainer), or None.
+        all_reduces_in_step: False when the train step holds no collective of its own (so
+            synchronised batch norm would add one): the sync-BN default is off then.
+    """
+
+    dtype = "float32"
+    state = None
+    status = None
+    all_reduces_in_step = True
+
+    def build(self, body, status):
+        """Makes ``state`` from ``body``'s weights (once; a second compile keeps it)."""
+        self.status = status
+
+    def install(self, optimizer):
+        """Gives ``optimizer`` this scheme's gradient reduction."""
+
+    def take_over(self, strategy):
+        """This scheme starts in the middle of a run, after another, with every replica
+        holding the same weights (:class:`DenseWarmup`)."""
+
+    def in_step(self):
+        """Work of each train step besides the gradients' reduction (replica context)."""
+
+    def wrap_train_function(self, function, trainer):
+        """The train function the trainer calls in place of ``function``."""
+        del trainer
+        return function
+
+    def callbacks(self, backup=None, *, epoch_ends=True):
+        """The callbacks of ``fit`` that the scheme needs, before every other one.
+
+        Args:
+            backup: the run's :class:`yolo3.callbacks.WorkerBackup` (its saving steps), or
+                None.
+            epoch_ends: False where epochs are only timing windows (a benchmark).
+        """
+        del backup, epoch_ends
+        return []
+
+    def bytes_per_step(self, body):
+        """Bytes one replica sends per optimizer step for ``body`` (on average)."""
+        raise NotImplementedError
+
+    def describe(self, body):
+        """One line for the run's log: what crosses the network, and how many bytes."""
+        raise NotImplementedError
+
+
+class AllReduce(Communication):
+    """Every step sums the whole gradient over the replicas, sent as ``dtype``: float32,
+    bfloat16 or float16 (:func:`yolo3.comm.allreduce.all_reduce_gradients`)."""
+
+    def __init__(self, dtype="float32"):
+        self.dtype = dtype
+
+    def install(self, optimizer):
+        if self.dtype != "float32":  # float32 is Keras's own all-reduce: left in place
+            install_gradient_reducer(optimizer, self.dtype)
+
+    def bytes_per_step(self, body):
+        return allreduce_bytes(body.trainable_weights, self.dtype)
+
+    def describe(self, body):
+        return self.dtype
+
+
+class PowerSGD(Communication):
+    """The large convolution kernels' gradients all-reduced as rank-``rank`` factors with
+    error feedback (:mod:`yolo3.comm.powersgd`); the other gradients in ``dtype``.
+
+    Once per optimizer step: with ``accumulate`` the summed micro-batches are compressed
+    together. ``state`` is a :class:`yolo3.comm.powersgd.PowerSGDState`.
+    """
+
+    def __init__(self, rank, dtype="float32"):
+        self.rank = int(rank)
+        self.dtype = dtype
+
+    def build(self, body, status):
+        super().build(body, status)
+        if self.state is None:
+            # Every kernel, frozen ones too: a frozen stage's kernels train later.
+            self.state = PowerSGDState(compressible(body.weights, self.rank), self.rank)
+
+    def install(self, optimizer):
+        install_powersgd_reducer(optimizer, self.state, self.dtype)
+
+    def bytes_per_step(self, body):
+        return powersgd_bytes(body.trainable_weights, self.rank, self.dtype)
+
+    def describe(self, body):
+        sent = self.bytes_per_step(body)
+        full = allreduce_bytes(body.trainable_weights, self.dtype)
+        return (
+            f"{self.dtype} + PowerSGD rank {self.rank} ({sent / 1e6:.2f} MB per step "
+            f"per worker, {full / 1e6:.2f} MB uncompressed)"
+        )
+
+
+class LocalSteps(Communication):
+    """No all-reduce in the step: each replica applies its own gradient, and every
+    ``steps`` optimizer steps the replicas average their weight changes, sent as ``dtype``
+    (:mod:`yolo3.comm.local_steps`), through :class:`yolo3.callbacks.LocalSync`.
+
+    Args:
+        steps: ``H``, optimizer steps between synchronisations.
+        outer_lr, outer_momentum: the outer step of each synchronisation (1 and 0: plain
+            averaging; DiLoCo's Nesterov momentum otherwise).
+        overlap: None, or ``T`` (True: ``H``): each period's weight changes travel during
+            the first ``T`` steps of the next period, a chunk in each train step beside its
+            computation, and are applied there, ``T`` steps late.
+        dtype: the dtype the weight changes travel in.
+
+    ``state`` is a :class:`yolo3.comm.local_steps.LocalStepsState`, built from the body's
+    weights as they are at ``compile``.
+    """
+
+    all_reduces_in_step = False
+
+    def __init__(self, steps, outer_lr=1.0, outer_momentum=0.0, overlap=None, dtype="float32"):
+        self.steps = int(steps)
+        self.outer_lr = float(outer_lr)
+        self.outer_momentum = float(outer_momentum)
+        self.overlap = None if overlap is None or overlap is False else int(overlap)
+        if overlap is True:
+            self.overlap = self.steps
+        self.dtype = dtype
+
+    def build(self, body, status):
+        super().build(body, status)
+        if self.state is None:
+            self.state = LocalStepsState(
+                body.weights,
+                self.steps,
+                outer_lr=self.outer_lr,
+                outer_momentum=self.outer_momentum,
+                allreduce_dtype=self.dtype,
+                overlap=self.overlap or False,
+            )
+
+    def install(self, optimizer):
+        install_local_reducer(optimizer)
+
+    def take_over(self, strategy):
+        self.state.reset(strategy)  # the anchors start from the replicas' common weights
+
+    def in_step(self):
+        if self.state.overlap:  # a chunk of the previous period's change; nothing waits on it
+            self.state.exchange()
+
+    def callbacks(self, backup=None, *, epoch_ends=True):
+        from yolo3.callbacks import LocalSync  # noqa: PLC0415 (yolo3.callbacks imports the trainer)
+
+        return [LocalSync(self.state, backup, epoch_ends=epoch_ends, status=self.status)]
+
+    def bytes_per_step(self, body):
+        return sync_bytes(body.weights, self.dtype) / self.steps
+
+    def describe(self, body):
+        sent = sync_bytes(body.weights, self.dtype)
+        outer = "averaging"
+        if self.outer_lr != 1.0 or self.outer_momentum:
+            outer = f"outer lr {self.outer_lr:g}, Nesterov momentum {self.outer_momentum:g}"
+        when = f"every {self.steps} steps"
+        if self.overlap:
+            when += f", sent during the next {self.overlap} step{'s' if self.overlap > 1 else ''}"
+        return (
+            f"none in the step; weight changes {when} in "
+            f"{self.dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
+        )
+
+
+class DenseWarmup(Communication):
+    """The first ``steps`` optimizer steps all-reduce the whole gradient (in ``then``'s
+    dtype) as ordinary training does; from then on ``then`` (PowerSGD or local steps), in a
+    rebuilt train function. PowerSGD's authors start compression after such a warm-up.
+
+    Decided by the optimizer's step counter, so a resumed run switches at the same step.
+    While it lasts, ``status.dense_phase`` is True (:class:`yolo3.callbacks.LocalSync`
+    does not synchronise then). ``state`` is ``then``'s, built at ``compile``.
+    """
+
+    def __init__(self, steps, then):
+        self.steps = int(steps)
+        self.then = then
+        self.dtype = then.dtype
+
+    @property
+    def state(self):
+        return self.then.state
+
+    @property
+    def all_reduces_in_step(self):
+        return self.then.all_reduces_in_step
+
+    def build(self, body, status):
+        super().build(body, status)
+        self.then.build(body, status)
+        status.dense_phase = self.steps > 0
+
+    def install(self, optimizer):
+        if self.status.dense_phase:
+            install_gradient_reducer(optimizer, self.dtype)
+        else:
+            self.then.install(optimizer)
+
+    def in_step(self):
+        if not self.status.dense_phase:
+            self.then.in_step()
+
+    def wrap_train_function(self, function, trainer):
+        if not self.status.dense_phase:
+            return self.then.wrap_train_function(function, trainer)
+
+        def train_function(iterator):
+            # The optimizer's step counter is the same on every replica and worker.
+            if int(trainer.optimizer.iterations.numpy()) >= self.steps:
+                self._end(trainer)
+                return trainer.train_function(iterator)
+            return function(iterator)
+
+        return train_function
+
+    def _end(self, trainer):
+        """From the next step on: ``then``, in a new train function.
+
+        The replicas hold identical weights here (every step so far was all-reduced), so
+        local steps' anchors start from them.
+        """
+        self.status.dense_phase = False
+        self.then.install(trainer.optimizer)
+        self.then.take_over(trainer.distribute_strategy)
+        trainer.make_train_function(force=True)
+
+    def callbacks(self, backup=None, *, epoch_ends=True):
+        return self.then.callbacks(backup, epoch_ends=epoch_ends)
+
+    def bytes_per_step(self, body):
+        """``then``'s: the bytes once the warm-up is over."""
+        return self.then.bytes_per_step(body)
+
+    def describe(self, body):
+        then = self.then.describe(body)
+        return f"the whole gradient for the first {self.steps} steps, then {then}"
+
+
+def communication_from(
+    allreduce_dtype="float32",
+    compress="none",
+    rank=4,
+    local_steps=None,
+    outer_lr=1.0,
+    outer_momentum=0.0,
+    overlap_sync=None,
+    dense_steps=0,
+    *,
+    sync_bn=None,
+    precision=None,
+):
+    """The :class:`Communication` of ``yolo3 train``'s flags of the same names.
+
+    Args:
+        allreduce_dtype: ``--allreduce-dtype``: float32, bfloat16 or float16.
+        compress, rank: ``--compress`` (none or powersgd) and ``--rank``.
+        local_steps, outer_lr, outer_momentum: ``--local-steps`` (None: off) and its outer
+            step.
+        overlap_sync: ``--overlap-sync``: None (or False), ``T``, or True (``H``).
+        dense_steps: ``--dense-steps``: optimizer steps of the whole gradient first.
+        sync_bn: ``--sync-bn``: True (on) is refused with local steps; None and False pass.
+        precision: the mixed precision in force, as the flag (``float16``) or the Keras
+            policy (``mixed_float16``) names it; float16 is refused with PowerSGD. None: not
+            known yet.
+
+    Raises:
+        ValueError: naming the flags, when a value is unusable or two do not go together.
+    """
+    check_allreduce_dtype(allreduce_dtype)
+    _check_compression(compress, rank)
+    _check_local_steps(local_steps, outer_lr, outer_momentum, overlap_sync)
+    if local_steps is not None and compress != "none":
+        raise ValueError(
+            "--local-steps and --compress powersgd are two answers to one problem: the "
+            "synchronisation of --local-steps sends whole weights; pick one"
+        )
+    if local_steps is not None and sync_bn:
+        raise ValueError(
+            "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
+            "use --sync-bn off (each synchronisation averages the batch-norm statistics)"
+        )
+    if compress == "powersgd" and precision in FLOAT16_PRECISIONS:
+        raise ValueError(FLOAT16_REFUSAL)
+    if int(dense_steps) != dense_steps or dense_steps < 0:
+        raise ValueError(f"--dense-steps {dense_steps}: use a whole number of optimizer steps >= 0")
+    if dense_steps and compress == "none" and local_steps is None:
+        raise ValueError(
+            "--dense-steps sets how many optimizer steps run uncompressed before "
+            "--compress powersgd or --local-steps takes over: pass one of them too"
+        )
+    if local_steps is not None:
+        scheme = LocalSteps(local_steps, outer_lr, outer_momentum, overlap_sync, allreduce_dtype)
+    elif compress == "powersgd":
+        scheme = PowerSGD(rank, allreduce_dtype)
+    else:
+        scheme = AllReduce(allreduce_dtype)
+    return DenseWarmup(dense_steps, scheme) if dense_steps else scheme
+
+
+def _check_compression(compress, rank):
+    if compress not in COMPRESSIONS:
+        raise ValueError(f"--compress {compress!r}: use one of {COMPRESSIONS}")
+    if int(rank) != rank or rank < 1:
+        raise ValueError(f"--rank {rank}: use a whole number >= 1")
+
+
+def _check_local_steps(local_steps, outer_lr, outer_momentum, overlap):
+    if not outer_lr > 0:
+        raise ValueError(f"--outer-lr {outer_lr}: use a number > 0 (1 with plain averaging)")
+    if not 0 <= outer_momentum < 1:
+        raise ValueError(f"--outer-momentum {outer_momentum}: use a number in [0, 1)")
+    overlapped = overlap is not None and overlap is not False
+    if local_steps is None:
+        if outer_lr != 1.0 or outer_momentum != 0.0:
+            raise ValueError(
+                "--outer-lr and --outer-momentum set the outer step of --local-steps: pass "
+                "--local-steps H too"
+            )
+        if overlapped:
+            raise ValueError(
+                "--overlap-sync sends the weight changes of --local-steps during the steps: "
+                "pass --local-steps H too"
+            )
+        return
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(
+            f"--local-steps {local_steps}: use a whole number of optimizer steps >= 1 "
+            "between synchronisations"
+        )
+    steps = local_steps if overlap is True else overlap
+    if overlapped and (int(steps) != steps or not 1 <= steps <= local_steps):
+        raise ValueError(
+            f"--overlap-sync {overlap}: use a number of steps from 1 to --local-steps "
+            f"({local_steps})"
+        )
