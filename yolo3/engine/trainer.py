@@ -415,7 +415,9 @@ class YoloTrainer(keras.Model):
         The communication's own work of the step (``in_step``) comes first: with overlapped
         local steps, the step's share of the previous period's synchronisation.
         """
-        self.communication.in_step()
+        # Plain TensorFlow ops decided by Python settings: AutoGraph has nothing to convert
+        # there (and warns on the base class's empty method when it tries).
+        tf.autograph.experimental.do_not_convert(self.communication.in_step)()
         if self.accumulate == 1:
             return super().train_step(data)
         from keras.src.losses import loss as loss_module
