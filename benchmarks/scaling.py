@@ -167,8 +167,7 @@ def _run_job(
     cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
     accumulate, dtype, rank, local, overlap = setting
-    job = {"accumulate": accumulate, "allreduce_dtype": dtype, "rank": rank, "local_steps": local}
-    job["overlap_sync"] = overlap
+    job = _job(setting)
     fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
     addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
     processes, outputs = [], []
@@ -503,6 +502,15 @@ def format_scaling(result):
 # One process of a run.
 
 
+def _sync_bn_channels(body):
+    """Channels of ``body``'s synchronised batch norms (0: none)."""
+    return sum(
+        int(layer.gamma.shape[0])
+        for layer in body.layers
+        if isinstance(layer, SyncBatchNormalization)
+    )
+
+
 def _traffic(trainer, job, replicas):
     """Bytes one worker contributes to the collectives of one optimizer step.
 
@@ -513,15 +521,45 @@ def _traffic(trainer, job, replicas):
     micro-batch: a float32 all-gather of 4 statistics per channel forward and, backward,
     an all-reduce of the gathered ``replicas x 4`` per channel.
     """
-    channels = sum(
-        int(layer.gamma.shape[0])
-        for layer in trainer.body.layers
-        if isinstance(layer, SyncBatchNormalization)
-    )
-    per_micro_batch = channels * 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
+    per_channel = 4 * BYTES_PER_ELEMENT["float32"] * (1 + replicas)
+    per_micro_batch = _sync_bn_channels(trainer.body) * per_channel
     return {
         "gradient_bytes": trainer.communication.bytes_per_step(trainer.body),
         "batch_norm_bytes": per_micro_batch * job["accumulate"],
+    }
+
+
+def _build_worker_step(config, job, replicas, worker_index=0):
+    """A worker's compiled trainer for ``job``'s setting, and its input batch
+    (:func:`benchmarks.train_step.build_step`), under the caller's strategy scope."""
+    communication = communication_from(
+        job["allreduce_dtype"],
+        compress="powersgd" if job["rank"] else "none",
+        rank=job["rank"] or 4,
+        local_steps=job["local_steps"] or None,
+        overlap_sync=job["overlap_sync"] or None,
+    )
+    sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
+    # Refused with local steps, as in train.py.
+    sync_bn = sync_bn and communication.all_reduces_in_step
+    return build_step(
+        config.step,
+        synchronized_bn=sync_bn,
+        data_seed=config.step.seed + worker_index,
+        accumulate=job["accumulate"],
+        communication=communication,
+    )
+
+
+def _job(setting):
+    """The settings one job's processes read, from a ``--settings`` entry."""
+    accumulate, dtype, rank, local, overlap = setting
+    return {
+        "accumulate": accumulate,
+        "allreduce_dtype": dtype,
+        "rank": rank,
+        "local_steps": local,
+        "overlap_sync": overlap,
     }
 
 
@@ -543,24 +581,9 @@ def worker_main(argv):
     strategy = distribute.make_strategy(gpus=0)
     info = distribute.worker_info(strategy)
     replicas = strategy.num_replicas_in_sync
-    communication = communication_from(
-        job["allreduce_dtype"],
-        compress="powersgd" if job["rank"] else "none",
-        rank=job["rank"] or 4,
-        local_steps=job["local_steps"] or None,
-        overlap_sync=job["overlap_sync"] or None,
-    )
-    sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
-    # Refused with local steps, as in train.py.
-    sync_bn = sync_bn and communication.all_reduces_in_step
     with strategy.scope():
-        trainer, images, boxes = build_step(
-            config.step,
-            synchronized_bn=sync_bn,
-            data_seed=config.step.seed + info.worker_index,
-            accumulate=job["accumulate"],
-            communication=communication,
-        )
+        trainer, images, boxes = _build_worker_step(config, job, replicas, info.worker_index)
+    communication = trainer.communication
     # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
     # at epoch ends (the timed epochs are windows, not a run's epochs).
     callbacks = communication.callbacks(epoch_ends=False)
@@ -600,7 +623,7 @@ def worker_main(argv):
         result_path,
         {
             "windows": timer.windows,
-            "sync_bn": sync_bn,
+            "sync_bn": _sync_bn_channels(trainer.body) > 0,
             "replicas": replicas,
             "worker_index": info.worker_index,
             "affinity": sorted(os.sched_getaffinity(0)),

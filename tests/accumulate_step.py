@@ -49,7 +49,7 @@ def _strategy(layout):
 
 def run(layout, problem, settings):
     import keras
-    from helpers import SMALL_ANCHORS, tiny_model
+    from helpers import SMALL_ANCHORS, micro_model
 
     from yolo3.comm.schemes import AllReduce
     from yolo3.engine.trainer import YoloTrainer
@@ -77,7 +77,7 @@ def run(layout, problem, settings):
 
     data = strategy.distribute_datasets_from_function(dataset_fn)
     with strategy.scope():
-        body = tiny_model(size=SIZE, synchronized_bn=replicas > 1)
+        body = micro_model(size=SIZE, synchronized_bn=replicas > 1)
         body.set_weights([problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))])
         if settings["frozen_bn"]:
             for layer in body.layers:

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import tiny_yolo_body
 
 # Anchors sized for 64-128 px test inputs, smallest first as in Darknet's files.
@@ -15,21 +16,23 @@ def tiny_model(num_classes=2, size=64, **kwargs):
     return tiny_yolo_body(None, 3, num_classes, input_shape=(size, size, 3), **kwargs)
 
 
-def micro_model(num_classes=2, size=64):
+def micro_model(num_classes=2, size=64, synchronized_bn=False):
     """A YOLO head of tiny's shape on three convolutions: two levels at strides 32 and 16,
-    ``3 * (5 + num_classes)`` channels each, batch norm in every block.
+    ``3 * (5 + num_classes)`` channels each, batch norm in every block (the network's
+    synchronised kind with ``synchronized_bn``).
 
-    For tests of how the trainer moves weights between replicas (local steps, the dense
-    warm-up), which compare runs with each other: a trace of its step on four replicas
-    takes about a third of tiny's, and every weight kind the exchange handles is there
-    (kernels, biases, batch-norm scales and moving statistics).
+    For tests that compare runs of the trainer with each other (local steps, the dense
+    warm-up, accumulation against one device): a trace of its step on four replicas takes
+    about a third of tiny's, and every weight kind the exchange handles is there (kernels,
+    biases, batch-norm scales and moving statistics).
     """
     layers = keras.layers
+    norm = SyncBatchNormalization if synchronized_bn else layers.BatchNormalization
     inputs = keras.Input((size, size, 3))
 
     def block(x, filters, stride):
         x = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
-        return layers.LeakyReLU(0.1)(layers.BatchNormalization()(x))
+        return layers.LeakyReLU(0.1)(norm()(x))
 
     stride16 = block(block(inputs, 8, 4), 16, 4)
     stride32 = block(stride16, 32, 2)

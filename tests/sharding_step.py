@@ -29,7 +29,7 @@ LEARNING_RATE = 0.01
 
 def run(replicas, images, boxes, initial):
     import keras
-    from helpers import SMALL_ANCHORS, tiny_model
+    from helpers import SMALL_ANCHORS, micro_model
 
     from yolo3.engine.trainer import YoloTrainer
 
@@ -50,7 +50,7 @@ def run(replicas, images, boxes, initial):
     results = {}
     for name, trainer_class in (("per_image", YoloTrainer), ("local_mean", LocalMeanTrainer)):
         with strategy.scope():
-            body = tiny_model(size=SIZE, synchronized_bn=replicas > 1)
+            body = micro_model(size=SIZE, synchronized_bn=replicas > 1)
             body.set_weights(initial)
             trainer = trainer_class(body, anchors=SMALL_ANCHORS, num_classes=2)
             trainer.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), jit_compile=False)

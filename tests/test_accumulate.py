@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_boxes, tiny_model
+from helpers import micro_model, random_boxes
 
 from yolo3.distributed import strategy as distribute
 
@@ -35,7 +35,7 @@ def problem(tmp_path_factory):
 
     keras.utils.set_random_seed(3)
     rng = np.random.default_rng(11)
-    weights = tiny_model().get_weights()
+    weights = micro_model().get_weights()
     path = tmp_path_factory.mktemp("accumulate") / "problem.npz"
     np.savez(
         path,

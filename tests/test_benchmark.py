@@ -37,7 +37,7 @@ SCALING_ROWS = (
     r"1 process, 1 core, 1 thread",
     r"2 independent processes at once \(no communication\)",
     r"2 workers \(MultiWorkerMirroredStrategy\), K=1, float32",
-    r"2 workers \(MultiWorkerMirroredStrategy\), K=2, bfloat16",
+    r"2 workers \(MultiWorkerMirroredStrategy\), K=1, bfloat16, local steps H=2, overlapped",
 )
 CAN_SHAPE = os.geteuid() == 0 and bool(shutil.which("ip")) and bool(shutil.which("tc"))
 CANNOT_SHAPE = "a rate-limited loopback needs root and iproute2 (ip, tc)"
@@ -253,38 +253,74 @@ def test_precisions_default_to_float16_only_with_a_gpu():
 @pytest.mark.slow
 @pytest.mark.skipif(not CAN_SHAPE, reason=CANNOT_SHAPE)
 def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
+    # Two settings run: the plain all-reduce and overlapped local steps (the model's two
+    # formulas). The figures of the others (accumulation in bfloat16, PowerSGD) come from the
+    # same worker code: test_scaling_traffic_of_every_setting.
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
-    argv += ["--link", "1gbit", "--settings", "1:float32", "2:bfloat16", "1:float32:powersgd2"]
     # --steps 2: one synchronisation per timed window, sent during the next one
-    argv += ["1:bfloat16:overlap2/1"]
+    argv += ["--link", "1gbit", "--settings", "1:float32", "1:bfloat16:overlap2/1"]
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
     _check_rows(output, SCALING_ROWS)
-    assert re.search(r"^scaling efficiency, 2 workers .*K=2, bfloat16 .* >= 90% +(PASS|MISS)$",
+    assert re.search(r"^scaling efficiency, 2 workers .*K=1, float32 .* >= 90% +(PASS|MISS)$",
                      output, re.M)  # fmt: skip
-    keys = ("single", "independent", "workers_1_float32", "workers_2_bfloat16")
-    saved = _check_json(
-        json_path, (*keys, "workers_1_float32_powersgd2", "workers_1_bfloat16_overlap2t1")
-    )
+    keys = ("single", "independent", "workers_1_float32", "workers_1_bfloat16_overlap2t1")
+    saved = _check_json(json_path, keys)
     assert saved["ratios"]["ceiling"]["passed"] is None  # informative
     assert saved["sync_bn_workers"] is True and saved["sync_bn_single"] is False
-    plain, tuned = (saved["communication"][k] for k in ("workers_1_float32", "workers_2_bfloat16"))
+    plain = saved["communication"]["workers_1_float32"]
+    local = saved["communication"]["workers_1_bfloat16_overlap2t1"]
+    # What the workers counted is what the same setting's trainer counts here.
+    assert plain == {**plain, **_figures_of((1, "float32", 0, 0, False), plain)}
+    assert local == {**local, **_figures_of((1, "bfloat16", 0, 2, 1), local)}
+    assert plain["sync_bn"] is True and local["sync_bn"] is False
+    assert "local steps H=2, overlapped over 1 step" in local["label"]
+    assert plain["predicted_step_seconds"] > plain["compute_seconds"] > 0
+    assert local["measured_step_seconds"] > 0
+    assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
+
+
+def _figures_of(setting, measured=None):
+    """The communication figures of ``setting`` for 2 workers at SMALL_STEP on a 1 Gbit/s
+    link, from the workers' own code (their trainer, its traffic, the link model), with
+    ``measured``'s compute and step seconds (made up when None)."""
+    step = train_step.TrainStepConfig(
+        anchors=tuple(map(tuple, read_anchors(ROOT / "model_data/tiny_yolo_anchors.txt"))),
+        input_size=64, batch_size=2, num_classes=3, steps=2, warmup_steps=1, repeats=1,
+    )  # fmt: skip
+    config = scaling.ScalingConfig(step=step, link="1gbit", settings=(setting,))
+    job = scaling._job(config.settings[0])
+    trainer, _, _ = scaling._build_worker_step(config, job, replicas=2)
+    traffic = {**scaling._traffic(trainer, job, 2), "sync_bn": scaling._sync_bn_channels(
+        trainer.body) > 0}  # fmt: skip
+    measured = measured or {"compute_seconds": 0.1, "measured_step_seconds": 0.2}
+    figures = scaling._communication(
+        traffic, workers=2, images_per_step=2 * step.batch_size * job["accumulate"],
+        compute_seconds=measured["compute_seconds"],
+        measured_seconds=measured["measured_step_seconds"], bits_per_second=1e9,
+        local_steps=job["local_steps"], overlap=job["overlap_sync"],
+    )  # fmt: skip
+    del figures["synchronisation"]  # timed by the workers alone
+    return figures
+
+
+def test_scaling_traffic_of_every_setting():
+    plain = _figures_of((1, "float32", 0, 0, False))
+    tuned = _figures_of((2, "bfloat16", 0, 0, False))
+    compressed = _figures_of((1, "float32", 2, 0, False))
+    local = _figures_of((1, "bfloat16", 0, 2, 1))
     # bfloat16 halves the gradient; two micro-batches per step halve it again per image.
     assert tuned["gradient_bytes"] * 2 == plain["gradient_bytes"]
     assert tuned["bytes_per_image"] < plain["bytes_per_image"] / 3.5
-    compressed = saved["communication"]["workers_1_float32_powersgd2"]
     # Rank 2 factors in place of tiny's kernels: far fewer bytes, the same batch-norm bytes.
     assert compressed["gradient_bytes"] < plain["gradient_bytes"] / 50
-    assert compressed["batch_norm_bytes"] == plain["batch_norm_bytes"]
-    assert "PowerSGD rank 2" in compressed["label"]
-    local = saved["communication"]["workers_1_bfloat16_overlap2t1"]
+    assert compressed["batch_norm_bytes"] == plain["batch_norm_bytes"] > 0
     # Every weight (batch-norm statistics too) in bfloat16 once per two steps, and no
     # synchronised batch norm.
     assert plain["gradient_bytes"] / 4 < local["gradient_bytes"] < plain["gradient_bytes"] / 3
     assert local["batch_norm_bytes"] == 0 and local["sync_bn"] is False
-    assert "local steps H=2, overlapped over 1 step" in local["label"]
     for figures in (plain, tuned, compressed):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
     # Overlapped over 1 of 2 steps: that step carries the period's bytes beside its
@@ -293,7 +329,11 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert local["predicted_step_seconds"] == pytest.approx(
         (max(compute, 2 * on_link) + compute) / 2
     )
-    assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
+    # The report's labels.
+    assert scaling._setting_text((1, "float32", 2, 0, False)) == ", PowerSGD rank 2"
+    assert scaling._setting_text((1, "bfloat16", 0, 2, 1)) == (
+        ", local steps H=2, overlapped over 1 step"
+    )
 
 
 def _namespaces_left():

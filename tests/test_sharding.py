@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import random_boxes, tiny_model
+from helpers import micro_model, random_boxes
 
 GLOBAL_BATCH = 8
 STEP_SCRIPT = Path(__file__).with_name("sharding_step.py")
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def problem(tmp_path_factory):
     rng = np.random.default_rng(7)
-    model = tiny_model()
+    model = micro_model()
     weights = model.get_weights()
     path = tmp_path_factory.mktemp("sharding") / "problem.npz"
     np.savez(
