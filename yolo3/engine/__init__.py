@@ -1,4 +1,4 @@
 """A training run: its settings, the job that lists its steps (``training``), the builders of
-each step (strategy, data, resolved settings, trainer, datasets, callbacks: ``builders``),
-the Keras model that runs the step (``trainer``), and the check that a resumed run keeps its
-saved settings (``resume``)."""
+those steps (strategy, data, resolved settings, trainer, datasets: ``builders``; callbacks:
+``hooks``), the Keras model that runs the step (``trainer``), and the check that a resumed run
+keeps its saved settings (``resume``)."""

@@ -4,7 +4,8 @@ One code path for every layout: a CPU, one GPU, ``--gpus N`` (MirroredStrategy),
 ``--cpu-replicas N`` (the same multi-device path on logical CPUs) and several machines
 (MultiWorkerMirroredStrategy from ``TF_CONFIG`` or Slurm). Only the strategy differs.
 :func:`run` lists the steps; each is a builder of :mod:`yolo3.engine.builders` (strategy,
-data, resolved settings, trainer, datasets, callbacks), then :func:`fit`.
+data, resolved settings, trainer, datasets) or :mod:`yolo3.engine.hooks` (the callbacks),
+then :func:`fit`.
 
 Folder layout under ``--log-dir``::
 
@@ -33,6 +34,7 @@ from yolo3.distributed import strategy as distribute
 from yolo3.engine import builders, faults, resume
 from yolo3.engine.builders import anchors_file, gpus_in_use
 from yolo3.engine.config import TrainConfig
+from yolo3.engine.hooks import build_backup, build_hooks
 from yolo3.model.resources import read_anchors
 from yolo3.progress import resolve as resolve_progress
 
@@ -108,12 +110,12 @@ def _run(config, *, log):
     trainer.attach_input_clock(clock)
     if info.is_chief:
         _write_config(config, setup)
-    backup = builders.build_backup(config, setup, trainer, log)
+    backup = build_backup(config, setup, trainer, log)
     # Every worker takes part, with or without backups of its own: they agree on a step.
     position = backup.restore(trainer, strategy)
     if position is not None:
         initial_epoch = position.epoch
-    hooks = builders.build_hooks(config, setup, trainer, backup, clock, progress=progress, log=log)
+    hooks = build_hooks(config, setup, trainer, backup, clock, progress=progress, log=log)
     if position is not None and position.epoch >= config.epochs and not position.batch:
         _checkpoints_from_backup(hooks, trainer, position.epoch, log)
     skip_steps = position.batch if position is not None else 0
