@@ -1,3 +1,4 @@
-"""A training run: its settings and the builder that wires strategy, data, model,
-communication, callbacks and ``fit`` together (``training``), the Keras model that runs the
-step (``trainer``), and the check that a resumed run keeps its saved settings (``resume``)."""
+"""A training run: its settings, the job that lists its steps (``training``), the builders of
+those steps (strategy, data, resolved settings, trainer, datasets: ``builders``; callbacks:
+``hooks``), the Keras model that runs the step (``trainer``), and the check that a resumed run
+keeps its saved settings (``resume``)."""

@@ -1,0 +1,396 @@
+"""The steps of a training run, one builder each, as detectron2's ``DefaultTrainer`` has
+``build_model``, ``build_optimizer``, ``build_train_loader`` and ``build_hooks``.
+
+:func:`yolo3.engine.training.run` calls them in order: :func:`build_strategy`,
+:func:`read_data` (each input read once), :func:`resolve` (the settings every later step
+reads, one :class:`RunSetup`), :func:`build_trainer`, :func:`restore_state`,
+:func:`build_datasets`, then the callbacks (:mod:`yolo3.engine.hooks`). Each takes the config
+and what the steps before it built; none reads a file that an earlier step already read.
+"""
+
+import dataclasses
+import os
+
+import keras
+import numpy as np
+
+from yolo3 import callbacks as yolo_callbacks
+from yolo3.checkpoint.weights import check_model_type, load_weights
+from yolo3.comm.allreduce import communication_options
+from yolo3.data import multiscale, records
+from yolo3.data import pipeline as yolo_data
+from yolo3.distributed import devices
+from yolo3.distributed import strategy as distribute
+from yolo3.engine.trainer import (
+    WarmupSchedule,
+    YoloTrainer,
+    make_optimizer,
+    scaled_learning_rate,
+)
+from yolo3.model.network import build_model
+from yolo3.model.resources import (
+    default_anchor_masks,
+    model_type_for_anchors,
+    read_anchors,
+    shipped_anchors,
+)
+
+
+def anchors_file(config):
+    """The run's anchors file: ``config.anchors``, else the shipped one of its model type."""
+    return config.anchors or shipped_anchors(config.model or "tiny")
+
+
+def gpus_in_use(config):
+    """The :class:`yolo3.distributed.devices.GpuInfo` of the GPUs this process trains on (empty:
+    CPU)."""
+    if config.cpu_replicas is not None or config.gpus == 0:
+        return ()
+    return devices.describe_gpus(config.gpus)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """What a run reads from disk, once, and hands down: its record sets and anchors."""
+
+    record_set: records.RecordSet
+    val_source: tuple | None  # (RecordSet, split) to validate on, or None
+    anchors: np.ndarray  # (num_anchors, 2) float32, width and height in input pixels
+
+    @property
+    def classes(self):
+        return self.record_set.classes
+
+    @property
+    def input_hw(self):
+        """(height, width) in pixels, as the records were preprocessed."""
+        return self.record_set.input_hw
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+    """What a run resolved from its flags, its data and its devices; the builders read it."""
+
+    data: RunData
+    info: distribute.WorkerInfo
+    replicas: int
+    global_batch: int  # images per optimizer step: replicas x batch size x micro-batches
+    model_type: str
+    anchor_masks: tuple  # the anchor indices of each output level, largest stride first
+    precision: str  # the Keras policy name, e.g. "mixed_bfloat16"
+    communication: object  # a yolo3.comm.schemes.Communication
+    sync_bn: bool
+    jit_compile: bool
+    steps: int  # optimizer steps per epoch
+    total_steps: int
+    scales: multiscale.ScaleSchedule | None
+    peak_lr: float
+    checkpoint_dir: str
+    backup_root: str
+
+    @property
+    def resolved(self):
+        """What config.json records beside the flags; a resumed run is checked against it."""
+        return {
+            "model": self.model_type,
+            "classes": self.data.classes,
+            "anchors": np.asarray(self.data.anchors).tolist(),
+            "input_size": list(self.data.input_hw),
+            "num_replicas": self.replicas,
+            "num_workers": self.info.num_workers,
+            "global_batch_size": self.global_batch,
+            "peak_lr": self.peak_lr,
+            "steps_per_epoch": self.steps,
+            "sync_bn": self.sync_bn,
+            "jit_compile": self.jit_compile,
+            "multi_scale_sizes": list(self.scales.sizes) if self.scales else None,
+            "precision": self.precision,
+        }
+
+    @property
+    def metadata(self):
+        """What every template checkpoint carries: enough to build the model and decode it."""
+        return {
+            "model_type": self.model_type,
+            "num_classes": len(self.data.classes),
+            "classes": self.data.classes,
+            "anchors": np.asarray(self.data.anchors).tolist(),
+            "anchor_masks": [list(mask) for mask in self.anchor_masks],
+            "input_size": list(self.data.input_hw),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Datasets:
+    """The distributed datasets ``fit`` reads; ``val`` is None without a validation split."""
+
+    train: object
+    val: object
+    val_steps: int | None  # validation steps per pass, the same on every worker
+
+
+def build_strategy(config):
+    """The distribution strategy of ``config``'s device layout, and this worker's place in it
+    (a :class:`yolo3.distributed.strategy.WorkerInfo`)."""
+    strategy = distribute.make_strategy(
+        gpus=config.gpus,
+        cpu_replicas=config.cpu_replicas,
+        slurm_port_base=config.slurm_port_base or distribute.default_slurm_port_base(),
+        communication=communication_options(config.bytes_per_pack, config.collective_timeout),
+    )
+    return strategy, distribute.worker_info(strategy)
+
+
+def read_data(config):
+    """The run's :class:`RunData`: each record set's manifest and the anchors file read once."""
+    record_set = records.open_record_set(config.records)
+    val_source = _validation_source(config, record_set)
+    return RunData(record_set, val_source, read_anchors(anchors_file(config)))
+
+
+def _validation_source(config, record_set):
+    """``(RecordSet, split)`` to validate on, or None; each record set is opened once."""
+    if config.val_records:
+        val_set = records.open_record_set(config.val_records)
+        return val_set, "val" if val_set.has_split("val") else "train"
+    if record_set.has_split("val"):
+        return record_set, "val"
+    return None
+
+
+def resolve(config, strategy, info, data):
+    """The :class:`RunSetup` of ``config`` on ``strategy``, its settings decided once.
+
+    Raises:
+        ValueError: the model type does not match the anchors or ``--weights``; the
+            communication refuses the precision; a new run's ``--log-dir`` holds another run;
+            ``--multi-scale`` does not fit the records.
+    """
+    replicas = strategy.num_replicas_in_sync
+    global_batch = config.batch_size * replicas * config.accumulate
+    anchors = data.anchors
+    model_type = config.model or model_type_for_anchors(len(anchors))
+    if model_type != model_type_for_anchors(len(anchors)):
+        raise ValueError(
+            f"--model-type {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
+            f"{anchors_file(config)} has {len(anchors)}"
+        )
+    if config.weights:
+        check_model_type(model_type, config.weights)  # before any model is built
+    anchor_masks = default_anchor_masks(len(anchors))
+    precision = keras.mixed_precision.global_policy().name
+    # How gradients cross the network; refused here too when "auto" chose float16.
+    communication = config.communication(precision)
+    sync_bn = config.sync_bn
+    if sync_bn is None:  # on where it adds no collective to a step that has none
+        sync_bn = replicas > 1 and communication.all_reduces_in_step
+    jit_compile = devices.choose_jit_compile(
+        config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
+    )
+    checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
+    backup_root = os.path.join(config.log_dir, "backup")
+    _check_fresh_log_dir(config, checkpoint_dir, backup_root)
+
+    steps = config.steps_per_epoch or max(1, data.record_set.num_records("train") // global_batch)
+    total_steps = steps * config.epochs
+    scales = None
+    if config.multi_scale:
+        sizes = multiscale.parse_sizes(config.multi_scale, data.input_hw)
+        scales = multiscale.ScaleSchedule(sizes, seed=config.seed, total_steps=total_steps)
+    return RunSetup(
+        data=data,
+        info=info,
+        replicas=replicas,
+        global_batch=global_batch,
+        model_type=model_type,
+        anchor_masks=anchor_masks,
+        precision=precision,
+        communication=communication,
+        sync_bn=sync_bn,
+        jit_compile=jit_compile,
+        steps=steps,
+        total_steps=total_steps,
+        scales=scales,
+        peak_lr=scaled_learning_rate(config.lr, global_batch, config.lr_reference_batch),
+        checkpoint_dir=checkpoint_dir,
+        backup_root=backup_root,
+    )
+
+
+def _check_fresh_log_dir(config, checkpoint_dir, backup_root):
+    """A new run refuses a log folder holding another run; ``--resume`` continues it."""
+    if config.resume:
+        return
+    has_backup = os.path.isdir(backup_root) and any(os.scandir(backup_root))
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is not None and not has_backup:
+        raise ValueError(
+            f"{config.log_dir} holds a finished or interrupted run (epoch "
+            f"{state[1].get('epoch')}); pass --resume to continue it, or choose another --log-dir"
+        )
+
+
+def build_trainer(config, setup, strategy, log):
+    """The :class:`YoloTrainer` of ``setup`` under ``strategy``: its body built and given
+    ``--weights``, compiled with its schedule and optimizer, every variable built."""
+    data = setup.data
+    with strategy.scope():
+        body = build_model(
+            setup.model_type,
+            len(data.classes),
+            input_size=None if setup.scales else data.input_hw,  # multi-scale: any size
+            weight_decay=config.weight_decay,
+            synchronized_bn=setup.sync_bn,
+        )
+        # After the model is built: the line gives the bytes of its all-reduce.
+        log(_describe(config, setup, body))
+        _load_initial_weights(body, config, log)
+        trainer = YoloTrainer(
+            body,
+            anchors=data.anchors,
+            num_classes=len(data.classes),
+            anchor_masks=setup.anchor_masks,
+            ignore_thresh=config.ignore_thresh,
+            remat=config.remat,
+            multi_scale=setup.scales,
+            accumulate=config.accumulate,
+            communication=setup.communication,
+        )
+        lr_schedule = WarmupSchedule(
+            setup.peak_lr,
+            warmup_steps=round(config.warmup_epochs * setup.steps),
+            total_steps=setup.total_steps,
+            kind=config.lr_schedule,
+            scale=trainer.lr_scale,
+        )
+        optimizer = make_optimizer(config.optimizer, lr_schedule, momentum=config.momentum)
+        trainer.compile(optimizer=optimizer, jit_compile=setup.jit_compile)
+        trainer.build((None, *data.input_hw, 3))
+        # Built for every variable before any freezing, so unfreezing later and restoring
+        # a backup find the slots they expect.
+        trainer.optimizer.build(trainer.trainable_variables)
+    return trainer
+
+
+def _describe(config, setup, body):
+    """The line that opens a run's log: the model, the batch and every resolved setting."""
+    height, width = setup.data.input_hw
+    accumulate = f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
+    scales = setup.scales
+    sizes = f"{scales.sizes[0]}-{scales.sizes[-1]} ({len(scales.sizes)} sizes)" if scales else "off"
+    info = setup.info
+    return (
+        f"{setup.model_type} {height}x{width}, {len(setup.data.classes)} classes; "
+        f"{setup.replicas} replicas x {config.batch_size}{accumulate} = global "
+        f"batch {setup.global_batch}; all-reduce {setup.communication.describe(body)}; "
+        f"{setup.steps} steps/epoch; peak lr {setup.peak_lr:.3g} ({config.optimizer}); "
+        f"sync BN {'on' if setup.sync_bn else 'off'}; XLA {'on' if setup.jit_compile else 'off'}; "
+        f"precision {setup.precision}; remat {config.remat}; "
+        f"multi-scale {sizes}; "
+        f"worker {info.worker_index + 1}/{info.num_workers}"
+    )
+
+
+def _load_initial_weights(body, config, log):
+    if not config.weights:
+        return
+    report = load_weights(body, config.weights, skip_mismatch=True)
+    log(
+        f"weights {config.weights}: {len(report['loaded'])} layers loaded, "
+        f"{len(report['skipped'])} skipped, {len(report['missing'])} not in the file"
+    )
+    for name, reason in report["skipped"]:
+        log(f"  skipped {name}: {reason}")
+
+
+def restore_state(trainer, checkpoint_dir, log):
+    """``--resume``: loads the full training state saved in ``checkpoint_dir`` into
+    ``trainer``; returns the number of epochs it had done."""
+    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    if state is None:
+        raise FileNotFoundError(
+            f"--resume: no training state in {checkpoint_dir}; start without --resume"
+        )
+    path, metadata = state
+    trainer.load_weights(path)
+    epoch = int(metadata["epoch"])
+    step = int(trainer.optimizer.iterations.value.numpy())
+    log(f"resumed from {path}: {epoch} epochs done, optimizer step {step}")
+    return epoch
+
+
+def build_datasets(config, setup, strategy, log):
+    """The run's :class:`Datasets`, each replica reading its own share (synthetic batches
+    with ``--benchmark``)."""
+    data = setup.data
+    options = dict(
+        batch_size=config.batch_size,
+        anchors=data.anchors,
+        num_classes=len(data.classes),
+        anchor_masks=setup.anchor_masks,
+    )
+
+    def train_fn(context):
+        if config.benchmark:
+            return yolo_data.synthetic_dataset(
+                input_hw=data.input_hw, seed=config.seed + context.input_pipeline_id, **options
+            )
+        return train_records(config, data, setup.anchor_masks, context)
+
+    def val_fn(context):
+        # Repeated, with a fixed step count: every worker must run the same number of
+        # steps, or the collective ops of a multi-worker job wait forever.
+        val_set, val_split = data.val_source
+        return yolo_data.make_dataset(
+            val_set,
+            val_split,
+            training=False,
+            repeat=True,
+            drop_remainder=True,
+            input_context=context,
+            targets=False,
+            **options,
+        )
+
+    train = strategy.distribute_datasets_from_function(train_fn)
+    if not data.val_source:
+        return Datasets(train, None, None)
+    val = strategy.distribute_datasets_from_function(val_fn)
+    return Datasets(train, val, _validation_steps(config, setup, log))
+
+
+def train_records(config, data, anchor_masks=None, context=None):
+    """The training split as the trainer reads it: uint8 images and padded boxes."""
+    return yolo_data.make_dataset(
+        data.record_set,
+        "train",
+        batch_size=config.batch_size,
+        anchors=data.anchors,
+        num_classes=len(data.classes),
+        anchor_masks=anchor_masks,
+        training=True,
+        seed=config.seed,
+        flip=config.flip,
+        shuffle_buffer=config.shuffle_buffer,
+        input_context=context,
+        targets=False,  # built in the train step, on the accelerator
+    )
+
+
+def _validation_steps(config, setup, log):
+    """Steps per validation pass: the whole global batches the validation split holds."""
+    val_set, val_split = setup.data.val_source
+    val_records = val_set.num_records(val_split)
+    eval_batch = config.batch_size * setup.replicas  # no micro-batches in validation
+    val_steps = max(1, val_records // eval_batch)
+    if val_records < eval_batch:
+        log(
+            f"validation: {val_records} images, under one global batch of {eval_batch}; "
+            "each pass repeats some of them"
+        )
+    elif val_records % eval_batch:
+        log(
+            f"validation: {val_steps * eval_batch} of {val_records} images per pass "
+            f"(whole global batches of {eval_batch})"
+        )
+    return val_steps

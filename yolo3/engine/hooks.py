@@ -1,0 +1,132 @@
+"""The callbacks a training run is fitted with, built in the order they must run.
+
+The last builders of :func:`yolo3.engine.training.run` (see :mod:`yolo3.engine.builders`):
+:func:`build_backup` (this worker's backups, restored from before the callbacks are built)
+and :func:`build_hooks` (the stop flag, the preemption handler and every callback).
+"""
+
+import dataclasses
+import os
+
+import keras
+
+from yolo3 import callbacks as yolo_callbacks
+from yolo3.engine.trainer import frozen_layer_names
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """The callbacks of a run, and those of them the run reads itself, in ``fit`` and after."""
+
+    callbacks: list  # in the order they must see each epoch's logs
+    throughput: yolo_callbacks.Throughput
+    nonfinite: yolo_callbacks.StopOnNonFinite
+    preemption: yolo_callbacks.Preemption
+    backup: yolo_callbacks.WorkerBackup
+
+
+def build_backup(config, setup, trainer, log):
+    """This worker's :class:`yolo3.callbacks.WorkerBackup` (``--backup-every``)."""
+    return yolo_callbacks.WorkerBackup(
+        os.path.join(setup.backup_root, f"worker-{setup.info.worker_index}"),
+        steps_per_epoch=setup.steps,
+        every_steps=config.backup_every,
+        log=log,
+        status=trainer.status,
+    )
+
+
+def build_hooks(config, setup, trainer, backup, clock, *, progress, log):
+    """The run's :class:`Hooks`; a stop request (a signal, a preemption notice) ends it at a
+    step that every worker agrees on. ``clock``: the trainer's input clock, which
+    :class:`yolo3.callbacks.Throughput` reads."""
+    stop_flag = yolo_callbacks.make_stop_flag()
+    trainer.attach_stop_flag(stop_flag)
+    preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
+    callbacks, throughput, nonfinite = build_callbacks(
+        config,
+        setup,
+        progress=progress,
+        trainer=trainer,
+        clock=clock,
+        monitor="val_loss" if setup.data.val_source else "loss",
+        backup=backup,
+        preemption=preemption,
+        log=log,
+    )
+    return Hooks(callbacks, throughput, nonfinite, preemption, backup)
+
+
+def build_callbacks(config, setup, *, progress, trainer, clock, monitor, backup, preemption, log):
+    """The callbacks of a run, in the order they must see each epoch's logs.
+
+    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard
+    and the checkpoints, which record them.
+    """
+    body, info, metadata = trainer.body, setup.info, setup.metadata
+    # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
+    # In lines mode the epoch's line carries images/s and the input wait already.
+    epoch_log = {"bar": lambda message: log(f"\n{message}"), "off": log}.get(progress)
+    throughput = yolo_callbacks.Throughput(
+        setup.global_batch, clock, log=epoch_log if info.is_chief else None
+    )
+    nonfinite = yolo_callbacks.StopOnNonFinite()
+    # First: the communication's (local steps synchronise before anything reads or saves
+    # the weights).
+    ordered = [*trainer.communication.callbacks(backup), preemption]
+    if config.freeze_body:
+        names = frozen_layer_names(body, setup.model_type, config.freeze_body)
+        ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
+    ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
+    map_source = setup.data.val_source
+    if config.map_every and map_source and info.is_chief:
+        ordered.append(
+            yolo_callbacks.MapEvaluation(
+                body,
+                map_source[0],
+                split=map_source[1],
+                anchors=metadata["anchors"],
+                class_names=metadata["classes"],
+                every=config.map_every,
+                tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
+                log=log,
+                status=trainer.status,
+            )
+        )
+    if progress == "lines" and info.is_chief:
+        ordered.append(
+            yolo_callbacks.ProgressLines(
+                setup.global_batch, every=config.log_every, seconds=config.log_seconds, log=log
+            )
+        )
+    if info.is_chief:
+        ordered.append(
+            keras.callbacks.TensorBoard(
+                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
+            )
+        )
+    ordered += [
+        backup,
+        yolo_callbacks.TemplateCheckpoint(
+            setup.checkpoint_dir,
+            body,
+            worker=info,
+            every=config.checkpoint_every,
+            monitor=monitor,
+            metadata=metadata,
+            status=trainer.status,
+        ),
+    ]
+    if config.reduce_lr_patience:
+        ordered.append(
+            yolo_callbacks.PlateauScale(
+                trainer.lr_scale, monitor=monitor, patience=config.reduce_lr_patience, log=log
+            )
+        )
+    if config.early_stopping_patience:
+        ordered.append(
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, patience=config.early_stopping_patience, verbose=1
+            )
+        )
+    return ordered, throughput, nonfinite
