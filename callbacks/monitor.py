@@ -6,7 +6,7 @@ import time
 import keras
 import numpy as np
 
-from yolo3.engine.trainer import INPUT_WAIT_KEY
+from yolo3.engine.step import INPUT_WAIT_KEY
 from yolo3.progress import DEFAULT_SECONDS, Interval, format_duration
 
 

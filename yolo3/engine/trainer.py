@@ -20,9 +20,8 @@ import tensorflow as tf
 from keras import ops
 
 from yolo3.comm.schemes import AllReduce
-from yolo3.data.multiscale import resize_batch
-from yolo3.distributed import malloc
 from yolo3.engine.status import TrainingStatus
+from yolo3.engine.step import StepFunctions, accumulated_step
 from yolo3.model.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
@@ -34,10 +33,6 @@ from yolo3.model.targets import build_targets
 # tiny (the original's first 20 layers).
 BACKBONE_CONVS = {"yolov3": 52, "tiny": 5}
 OPTIMIZERS = ("adam", "sgd")
-# A train-step log: seconds between the step's request and its batch's arrival.
-INPUT_WAIT_KEY = "input_wait"
-# A train-step log, removed before callbacks see it: > 0 when any worker asked to stop.
-STOP_KEY = "stop_requested"
 
 
 @keras.saving.register_keras_serializable(package="yolo3")
@@ -170,11 +165,7 @@ def set_frozen(body, names, frozen):
         body.get_layer(name).trainable = not frozen
 
 
-def _add(a, b):
-    return b if a is None else a if b is None else a + b
-
-
-class YoloTrainer(keras.Model):
+class YoloTrainer(StepFunctions, keras.Model):
     """``model.fit``-able wrapper: ``call`` runs the body, ``compute_loss`` the YOLOv3 loss.
 
     Args:
@@ -247,7 +238,6 @@ class YoloTrainer(keras.Model):
             tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
         )
         self.ignore_thresh = float(ignore_thresh)
-        self._stop_flag = None
         self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
         # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
         self.lr_scale = self.add_weight(
@@ -262,155 +252,13 @@ class YoloTrainer(keras.Model):
         self._communication_state = self.communication.state
         self.communication.install(self.optimizer)
 
-    def attach_input_clock(self, clock):
-        """Measures input wait: ``clock`` (float64 tf.Variable) holds the step request time.
-
-        A callback sets it to ``time.time()`` before each step; the train function logs
-        ``INPUT_WAIT_KEY``, the seconds until its batch had arrived.
-        """
-        self._input_clock = clock
-        self.train_function = None
-
-    def attach_stop_flag(self, flag):
-        """Lets a worker ask the whole job to stop after the current step.
-
-        ``flag`` (float32 tf.Variable) is this worker's request (0 or 1); each step reduces
-        it over every replica of every worker along with the step's logs, which cost no
-        collective of its own, and sets ``status.stop_requested`` on every worker alike, so that
-        all of them stop after the same step.
-        """
-        self._stop_flag = flag
-        self.train_function = None
-
     def _should_eval(self, epoch, validation_freq):
         # A job asked to stop goes straight to its backup: no validation pass first.
         return not self.status.stop_requested and super()._should_eval(epoch, validation_freq)
 
-    def make_train_function(self, force=False):
-        if self.train_function is not None and not force:
-            return self.train_function
-        function = self._make_train_function(force)
-        if self._stop_flag is not None:
-            function = self._with_stop_requests(function)
-        function = self.communication.wrap_train_function(function, self)
-        function = self._with_malloc_thresholds(function)
-        self.train_function = function
-        return function
-
-    def make_test_function(self, force=False):
-        if self.test_function is not None and not force:
-            return self.test_function
-        super().make_test_function(force=force)  # sets self.test_function
-        self.test_function = self._with_malloc_thresholds(self.test_function)
-        return self.test_function
-
-    def _with_malloc_thresholds(self, function):
-        """``function``, restoring glibc's malloc thresholds before each step where the
-        strategy's input iterators pin them (:mod:`yolo3.distributed.malloc`)."""
-        strategy = self.distribute_strategy
-        if not isinstance(
-            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
-        ):
-            return function
-
-        def step_function(iterator):
-            malloc.restore_thresholds()
-            return function(iterator)
-
-        return step_function
-
-    def _with_stop_requests(self, function):
-        def train_function(iterator):
-            logs = dict(function(iterator))
-            self.status.stop_requested = bool(logs.pop(STOP_KEY) > 0)
-            return logs
-
-        return train_function
-
-    def _make_train_function(self, force):
-        """Keras's train function, with the batch's arrival stamped outside the step.
-
-        XLA has no kernel for ``tf.timestamp``, so the clock is read in an outer function
-        that takes the batch from the iterator and then calls the replicated step, which
-        Keras's own way compiles (with XLA when ``jit_compile`` is on). With ``multi_scale``
-        each size gets such a function of its own, with static shapes, and a Python
-        dispatcher calls the one for the step's size.
-        """
-        clock = getattr(self, "_input_clock", None)
-        own_step = self.multi_scale is not None or self.accumulate > 1
-        own_step = own_step or self._stop_flag is not None
-        if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
-            super().make_train_function(force=force)  # sets self.train_function
-            return self.train_function
-        if own_step and (self.run_eagerly or self.steps_per_execution != 1):
-            raise ValueError(
-                "multi-scale training, gradient accumulation and stop requests run one "
-                "compiled step per call"
-            )
-        if self.multi_scale is None:
-            self.train_function = self._sized_train_function(None, clock)
-            return self.train_function
-        functions = self.scale_functions = {}
-
-        def train_function(iterator):
-            # The optimizer's step counter is the same on every replica and worker.
-            size = self.multi_scale.size_at(int(self.optimizer.iterations.numpy()))
-            if size not in functions:
-                functions[size] = self._sized_train_function(size, clock)
-            self.scale_history.append(size)
-            return functions[size](iterator)
-
-        self.train_function = train_function
-        return train_function
-
-    def _sized_train_function(self, size, clock):
-        """The compiled step for one input ``size`` (None: the batch as it comes)."""
-        # The module's reduce_per_replica, looked up per trace: yolo3.distributed.keras_mwms
-        # replaces it.
-        from keras.src.backend.tensorflow import trainer as tf_trainer
-
-        strategy = self.distribute_strategy
-
-        def sized_step(data, stop):
-            if size is not None:
-                batches = data if self.accumulate > 1 else (data,)
-                batches = tuple(resize_batch(images, boxes, size) for images, boxes in batches)
-                data = batches if self.accumulate > 1 else batches[0]
-            logs = self.train_step(data)
-            if stop is not None:  # reduced with the logs: > 0 when any worker asked
-                logs = {**logs, STOP_KEY: stop}
-            return logs
-
-        def replicated_step(data, stop):
-            outputs = strategy.run(sized_step, args=(data, stop))
-            return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
-
-        step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
-        flag = self._stop_flag
-
-        @tf.function(reduce_retracing=True)
-        def train_function(iterator):
-            if self.accumulate > 1:
-                data = tuple(iterator.get_next() for _ in range(self.accumulate))
-            else:
-                data = iterator.get_next()
-            # Read here, outside the compiled step: the flag is a host variable.
-            stop = None if flag is None else tf.identity(flag)
-            if clock is None:
-                return step(data, stop)
-            with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
-                arrived = tf.timestamp()
-            # Nothing of the step may start before the arrival time is taken.
-            with tf.control_dependencies([arrived]):
-                logs = step(data, stop)
-            logs = dict(logs)
-            logs[INPUT_WAIT_KEY] = tf.cast(arrived - clock, tf.float32)
-            return logs
-
-        return train_function
-
     def train_step(self, data):
-        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches.
+        """Keras's step; with ``accumulate`` > 1, ``data`` is a tuple of micro-batches
+        (:func:`yolo3.engine.step.accumulated_step`).
 
         The communication's own work of the step (``in_step``) comes first: with overlapped
         local steps, the step's share of the previous period's synchronisation.
@@ -420,29 +268,7 @@ class YoloTrainer(keras.Model):
         tf.autograph.experimental.do_not_convert(self.communication.in_step)()
         if self.accumulate == 1:
             return super().train_step(data)
-        from keras.src.losses import loss as loss_module
-
-        weights = self.trainable_weights
-        total = None
-        for x, y in data:
-            if total is not None:
-                # One micro-batch at a time: its forward pass waits for the previous
-                # gradients, so only one micro-batch's activations are alive at once.
-                with tf.control_dependencies(total):
-                    x = tf.identity(x)
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self._compute_loss(x=x, y=y, y_pred=y_pred, training=True)
-                # The loss of one micro-batch is 1/accumulate of its share: log the share.
-                self._loss_tracker.update_state(
-                    loss_module.unscale_loss_for_distribution(loss) * self.accumulate,
-                    sample_weight=tf.shape(x)[0],
-                )
-                loss = self.optimizer.scale_loss(loss)
-            grads = tape.gradient(loss, weights)
-            total = grads if total is None else [_add(a, b) for a, b in zip(total, grads)]
-        self.optimizer.apply_gradients(zip(total, weights))
-        return self.compute_metrics(x, y, y_pred)
+        return accumulated_step(self, data)
 
     def call(self, images, training=False):
         if keras.backend.standardize_dtype(images.dtype) == "uint8":
