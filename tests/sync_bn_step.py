@@ -1,4 +1,5 @@
-"""Training-mode SGD steps of tiny-YOLOv3 on N logical CPU replicas; run by test_sync_bn.
+"""Training-mode SGD steps of the micro model (``helpers.micro_model``: three batch norms, at
+three scales) on N logical CPU replicas; run by test_sync_bn.
 
 TensorFlow lets a process run collectives for only one device group, so each replica count
 gets a process of its own.
@@ -34,11 +35,11 @@ LEARNING_RATE = 0.01
 
 
 def _build_model(batch_norm):
-    from helpers import tiny_model
+    from helpers import micro_model
 
     if batch_norm == "sync":
-        return tiny_model(size=SIZE, synchronized_bn=True)
-    model = tiny_model(size=SIZE, synchronized_bn=False)
+        return micro_model(size=SIZE, synchronized_bn=True)
+    model = micro_model(size=SIZE, synchronized_bn=False)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             # Read at call time by BatchNormalization._moments: Keras's one-pass sync moments.

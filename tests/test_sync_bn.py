@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import random_boxes, tiny_model
+from helpers import micro_model, random_boxes, tiny_model
 
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import BN_EPSILON
@@ -230,14 +230,17 @@ def test_synchronized_argument_is_rejected():
         SyncBatchNormalization(synchronized=False)
 
 
-# The whole tiny model trained on 4 replicas against one device on the same global batches
-# of 8, from the same weights. After one float32 step the difference is rounding (~1e-6).
-# Over more float32 steps runs drift apart, whatever the batch norm: a rounding-level change
-# moves some LeakyReLU input across 0 or reorders a nearly tied max-pool window, the gradient
-# jumps by 1e-2 or more, and the next steps amplify it. On one device, scaling the starting
-# weights by 1 + 1e-7 noise moves the weights after three steps by 2e-2. Crossings need
-# differences far above float64 rounding, so in float64 three steps test the algorithm
-# itself: global statistics, their gradients, the moving averages.
+# The micro model (helpers.micro_model: synchronised batch norm in each of its three blocks)
+# trained on 4 replicas against one device on the same global batches of 8, from the same
+# weights; tiny's whole body with synchronised batch norm trains on 4 replicas against one
+# device through train.py in tests/test_train_distributed.py. After one float32 step the
+# difference is rounding (~1e-6). Over more float32 steps runs drift apart, whatever the
+# batch norm: a rounding-level change moves some LeakyReLU input across 0 or reorders a
+# nearly tied max-pool window, the gradient jumps by 1e-2 or more, and the next steps
+# amplify it. On one device, scaling the starting weights by 1 + 1e-7 noise moves the
+# weights after three steps by 2e-2. Crossings need differences far above float64 rounding,
+# so in float64 three steps test the algorithm itself: global statistics, their gradients,
+# the moving averages.
 GLOBAL_BATCH = 8
 STEPS = 3
 RUNS = {"float64": STEPS, "float32": 1}
@@ -250,7 +253,7 @@ def training(tmp_path_factory):
     replicas' copies of a variable after the float64 steps."""
     rng = np.random.default_rng(11)
     keras.utils.set_random_seed(11)
-    initial = tiny_model(synchronized_bn=True).get_weights()
+    initial = micro_model(synchronized_bn=True).get_weights()
     path = tmp_path_factory.mktemp("sync_bn") / "problem.npz"
     np.savez(
         path,
@@ -291,7 +294,7 @@ def test_three_float64_steps_on_four_replicas_match_one_device(training):
     replicated = weights[REPLICAS, "float64", STEPS]
 
     assert _max_difference(one_device, initial) > 0.1  # the steps really trained
-    names = [w.path for w in tiny_model(synchronized_bn=True).weights]
+    names = [w.path for w in micro_model(synchronized_bn=True).weights]
     moving = [i for i, name in enumerate(names) if "moving_" in name]
     assert min(np.max(np.abs(one_device[i] - initial[i])) for i in moving) > 1e-3
     # Every weight, moving means and variances included; measured about 1e-14.
