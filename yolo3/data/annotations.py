@@ -181,6 +181,9 @@ def relative_image_path(image_path, annotation_path):
 def parse_annotations(path, *, num_classes, image_root=None):
     """Reads one annotation file, keeping what is valid and explaining what is not.
 
+    Over 80 lines: one pass over the lines, every check in the order a line is read, so one
+    line's fate reads top to bottom.
+
     Args:
         path: the annotation file, local or any ``tf.io.gfile`` path; UTF-8.
         num_classes: the number of lines in the classes file; class ids must lie in

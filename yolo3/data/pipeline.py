@@ -134,6 +134,9 @@ def make_dataset(
 ):
     """Batches of images and per-level targets read from a record set.
 
+    Over 80 lines: one tf.data chain from shards to batches, each stage where it applies;
+    split up, the order of the stages would no longer show.
+
     Args:
         record_set: a :class:`yolo3.data.records.RecordSet`, or the folder written by
             ``yolo3 preprocess`` (local or ``gs://`` etc.).

@@ -418,6 +418,9 @@ class _Renderer:
 def run(config, *, workers=None, overwrite=False, strict=False, progress="auto", log=print):
     """Preprocesses ``config.annotations`` into a record set at ``config.output``.
 
+    Over 80 lines: the run's steps in the order they happen, from the plan and the resume
+    check to the workers and the manifest.
+
     ``progress``: one of :data:`yolo3.progress.PROGRESS_CHOICES` (auto: a bar on a
     terminal, else a line every 30 s through ``log``).
 

@@ -96,6 +96,8 @@ def spec_for_weights(
     when given, else from the file's metadata, else from ``fallbacks``; ValueError naming the
     flag when none has it.
 
+    Over 80 lines: one short block per value, each resolved the same way, side by side.
+
     ``input_size`` is an int or ``(height, width)``; the paths are the classes and anchors
     files (``--classes``, ``--anchors``). ``class_names`` stands in for a classes file (a
     record set's own names); ``classes_path`` wins over it. ``fallbacks`` may hold

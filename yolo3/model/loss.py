@@ -107,6 +107,8 @@ def yolo_loss(
 ):
     """Per-image YOLOv3 loss.
 
+    Over 80 lines: the four terms of the loss written out in one place, level by level.
+
     Args:
         y_true: per-level targets from :func:`yolo3.model.targets.build_targets`, largest stride
             first, each (N, H_l, W_l, anchors_in_level, 5 + num_classes).

@@ -39,6 +39,9 @@ def best_anchor_indices(box_wh, anchors):
 def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
     """Builds the training targets of every output level.
 
+    Over 80 lines: the assignment of every box to its anchor and cell as one traced
+    computation, read top to bottom.
+
     Args:
         boxes: (N, max_boxes, 5) float32: x_min, y_min, x_max, y_max in input pixels and a
             class id. Rows with zero width or height are padding and ignored.
