@@ -539,9 +539,9 @@ def _build_worker_step(config, job, replicas, worker_index=0):
         local_steps=job["local_steps"] or None,
         overlap_sync=job["overlap_sync"] or None,
     )
-    sync_bn = replicas > 1 if config.sync_bn == "auto" else config.sync_bn == "on"
-    # Refused with local steps, as in train.py.
-    sync_bn = sync_bn and communication.all_reduces_in_step
+    sync_bn = communication.default_sync_bn(replicas)
+    if config.sync_bn != "auto":  # "on" is refused with local steps in train.py: off here
+        sync_bn = config.sync_bn == "on" and communication.all_reduces_in_step
     return build_step(
         config.step,
         synchronized_bn=sync_bn,

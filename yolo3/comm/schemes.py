@@ -92,6 +92,11 @@ class Communication:
         del backup, epoch_ends
         return []
 
+    def default_sync_bn(self, replicas):
+        """Synchronised batch norm when no flag says: on with more than one replica, unless
+        the step holds no collective of its own (``all_reduces_in_step``)."""
+        return replicas > 1 and self.all_reduces_in_step
+
     def bytes_per_step(self, body):
         """Bytes one replica sends per optimizer step for ``body`` (on average)."""
         raise NotImplementedError
@@ -176,9 +181,7 @@ class LocalSteps(Communication):
         self.steps = int(steps)
         self.outer_lr = float(outer_lr)
         self.outer_momentum = float(outer_momentum)
-        self.overlap = None if overlap is None or overlap is False else int(overlap)
-        if overlap is True:
-            self.overlap = self.steps
+        self.overlap = self.steps if overlap is True else int(overlap) if overlap else None
         self.dtype = dtype
 
     def build(self, body, status):

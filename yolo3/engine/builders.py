@@ -181,9 +181,7 @@ def resolve(config, strategy, info, data):
     precision = keras.mixed_precision.global_policy().name
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)
-    sync_bn = config.sync_bn
-    if sync_bn is None:  # on where it adds no collective to a step that has none
-        sync_bn = replicas > 1 and communication.all_reduces_in_step
+    sync_bn = communication.default_sync_bn(replicas) if config.sync_bn is None else config.sync_bn
     jit_compile = devices.choose_jit_compile(
         config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
     )
