@@ -11,7 +11,7 @@ the new code, never with gradients silently summed twice or not at all.
 
 import keras
 
-from yolo3.distributed.keras_mwms import sha256_of_sources, source_changes
+from yolo3.distributed.keras_mwms import check_sources, sha256_of_sources
 
 # SHA-256 of the installed source of the methods install_reducer relies on (Keras 3.15.1).
 EXPECTED_SOURCE_SHA256 = {
@@ -39,15 +39,14 @@ def source_fingerprints():
 def check_compatible():
     """RuntimeError unless the installed Keras has the methods this module replaces as
     they were when it was written."""
-    changed = source_changes(source_fingerprints(), EXPECTED_SOURCE_SHA256)
-    if changed:
-        raise RuntimeError(
-            f"Keras {keras.__version__} changed how its optimizer reduces gradients across "
-            "replicas (keras/src/backend/tensorflow/optimizer.py): "
-            + "; ".join(changed)
-            + ". Read the new code: yolo3.comm.reducer replaces _all_reduce_sum_gradients; "
-            "port it and update EXPECTED_SOURCE_SHA256."
-        )
+    check_sources(
+        source_fingerprints(),
+        EXPECTED_SOURCE_SHA256,
+        patched="how its optimizer reduces gradients across replicas "
+        "(keras/src/backend/tensorflow/optimizer.py)",
+        advice="yolo3.comm.reducer replaces _all_reduce_sum_gradients; port it and update "
+        "EXPECTED_SOURCE_SHA256.",
+    )
 
 
 _checked = False

@@ -111,14 +111,20 @@ def sha256_of_sources(functions):
     }
 
 
-def source_changes(fingerprints, expected):
-    """One ``name: expected ..., found ...`` line per function whose source is not the one
-    ``expected`` records."""
-    return [
+def check_sources(fingerprints, expected, *, patched, advice):
+    """Raises ``RuntimeError`` naming each function whose installed source is not the one
+    ``expected`` records: ``patched`` says what the project replaces, ``advice`` what to do."""
+    changed = [
         f"{name}: expected {expected[name][:12]}..., found {digest[:12]}..."
         for name, digest in fingerprints.items()
         if digest != expected[name]
     ]
+    if changed:
+        raise RuntimeError(
+            f"Keras {keras.__version__} changed {patched}: "
+            + "; ".join(changed)
+            + f". Read the new code: {advice}"
+        )
 
 
 def check_compatible():
@@ -135,15 +141,14 @@ def check_compatible():
             f"it and add the version to TESTED_KERAS_VERSIONS. {UNTESTED_OVERRIDE_ENV}=1 "
             "skips this check but not the source fingerprint check."
         )
-    changed = source_changes(source_fingerprints(), EXPECTED_SOURCE_SHA256)
-    if changed:
-        raise RuntimeError(
-            f"Keras {keras.__version__} changed the code yolo3.distributed.keras_mwms patches in "
-            "keras/src/backend/tensorflow/trainer.py: "
-            + "; ".join(changed)
-            + ". Read the new code: if MultiWorkerMirroredStrategy works without the patch, "
-            "drop it; else port the patch and update EXPECTED_SOURCE_SHA256."
-        )
+    check_sources(
+        source_fingerprints(),
+        EXPECTED_SOURCE_SHA256,
+        patched="the code yolo3.distributed.keras_mwms patches in "
+        "keras/src/backend/tensorflow/trainer.py",
+        advice="if MultiWorkerMirroredStrategy works without the patch, drop it; else port the "
+        "patch and update EXPECTED_SOURCE_SHA256.",
+    )
 
 
 def is_applied():

@@ -2,7 +2,7 @@
 ``build_model``, ``build_optimizer``, ``build_train_loader`` and ``build_hooks``.
 
 :func:`yolo3.engine.training.run` calls them in order: :func:`build_strategy`,
-:func:`read_data` (each input read once), :func:`resolve` (the settings every later step
+:func:`read_data` (each input read once), :func:`resolve_setup` (the settings every later step
 reads, one :class:`RunSetup`), :func:`build_trainer`, :func:`restore_state`,
 :func:`build_datasets`, then the callbacks (:mod:`yolo3.engine.hooks`). Each takes the config
 and what the steps before it built; none reads a file that an earlier step already read.
@@ -132,11 +132,12 @@ class Datasets:
 def build_strategy(config):
     """The distribution strategy of ``config``'s device layout, and this worker's place in it
     (a :class:`yolo3.distributed.strategy.WorkerInfo`)."""
+    options = communication_options(config.bytes_per_pack, config.collective_timeout)
     strategy = distribute.make_strategy(
         gpus=config.gpus,
         cpu_replicas=config.cpu_replicas,
         slurm_port_base=config.slurm_port_base or distribute.default_slurm_port_base(),
-        communication=communication_options(config.bytes_per_pack, config.collective_timeout),
+        communication=options,
     )
     return strategy, distribute.worker_info(strategy)
 
@@ -158,7 +159,7 @@ def _validation_source(config, record_set):
     return None
 
 
-def resolve(config, strategy, info, data):
+def resolve_setup(config, strategy, info, data):
     """The :class:`RunSetup` of ``config`` on ``strategy``, its settings decided once.
 
     Raises:

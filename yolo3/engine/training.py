@@ -94,10 +94,9 @@ def run(config, *, log=print):
 
 def _run(config, *, log):
     started = time.perf_counter()
-    progress = resolve_progress(config.progress)
     keras.utils.set_random_seed(config.seed)
     strategy, info = builders.build_strategy(config)
-    setup = builders.resolve(config, strategy, info, builders.read_data(config))
+    setup = builders.resolve_setup(config, strategy, info, builders.read_data(config))
     if config.resume:
         saved = resume.read_saved(config.log_dir)
         resume.check_resumed(saved, dataclasses.asdict(config), setup.resolved, log=log)
@@ -108,6 +107,7 @@ def _run(config, *, log):
     datasets = builders.build_datasets(config, setup, strategy, log)
     clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     trainer.attach_input_clock(clock)
+    progress = resolve_progress(config.progress)
     if info.is_chief:
         _write_config(config, setup)
     backup = build_backup(config, setup, trainer, log)
