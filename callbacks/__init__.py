@@ -8,6 +8,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
   the newest step every worker has.
 - :class:`LocalSync`: with ``--local-steps``, averages the replicas every H steps, and
   fully (optimizer state too) at epoch ends and before backups.
+- :class:`RecordSetCheck`: ends a run whose record shards changed on disk under it.
 - :class:`Preemption`: SIGTERM stops every worker after the same step, with a backup there.
 - :class:`TrainingStatus`: the stop request and dense phase the trainer hands to callbacks.
 - :class:`Throughput`: images/s and the time each step waited for input.
@@ -27,6 +28,7 @@ from .evaluation import MapEvaluation
 from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
+from .record_check import RecordSetCheck
 from .schedule import FreezeSchedule, PlateauScale
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "PlateauScale",
     "Preemption",
     "ProgressLines",
+    "RecordSetCheck",
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",

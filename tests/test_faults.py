@@ -305,3 +305,54 @@ def test_a_shard_cut_short_mid_run_ends_it_naming_the_shard_and_the_record(
     problems = capfd.readouterr().err
     assert f"{shard} record 7: cut short (the file ends inside it)" in problems
     assert f"{shard}: 7 records; the manifest says 12 (train)" in problems
+
+
+def test_a_shard_cut_at_a_records_end_is_found_at_the_start_and_at_the_next_epochs_end(
+    record_set, tmp_path, capfd
+):
+    records_dir = shutil.copytree(record_set[0], tmp_path / "records")
+    shard = records_dir / "train-00001-of-00002.tfrecord"
+    sound, ends = shard.read_bytes(), _record_ends(shard)
+    log_dir = tmp_path / "run"
+    args = train_args(
+        records_dir, log_dir, record_set[1], "--epochs", "2", "--steps-per-epoch", "6"
+    )
+
+    def error_line(since):
+        return (
+            f"error: {shard}: {ends[6]} bytes where the manifest says {len(sound)}; the record "
+            f"set changed after {since} (yolo3 preprocess --verify {records_dir} lists all "
+            "damage): restore or preprocess it again, then run the same command to continue "
+            "from the last backup"
+        )
+
+    os.truncate(shard, ends[6])  # 7 whole records of 12: every one of them still reads
+    assert train.main(args) == 1  # before anything is built
+    assert _error_lines(capfd.readouterr().err) == [error_line("it was written")]
+    assert not log_dir.exists()
+
+    shard.write_bytes(sound)
+    first_backup = log_dir / "backup" / "worker-0" / "backup-000000006.weights.h5"
+    training_done = threading.Event()
+
+    def cut_after_the_first_backup():
+        while not first_backup.exists():
+            if training_done.wait(0.01):
+                return
+        os.truncate(shard, ends[6])
+
+    cutter = threading.Thread(target=cut_after_the_first_backup)
+    cutter.start()
+    try:
+        status = train.main(args)
+    finally:
+        training_done.set()
+        cutter.join()
+    assert status == 1
+    assert _error_lines(capfd.readouterr().err) == [error_line("training started")]
+    # Ended at epoch 2's end, before its backup and checkpoints: epoch 1's are what is left.
+    assert [path.name for path in (log_dir / "backup" / "worker-0").iterdir()] == [
+        first_backup.name
+    ]
+    _assert_complete(first_backup)
+    assert read_metadata(str(log_dir / "checkpoints" / "last.weights.h5"))["epoch"] == 1

@@ -362,36 +362,52 @@ def verify(records_dir, *, check_checksums=True):
     return problems, counts
 
 
-def find_damage(record_set):
-    """The first record of ``record_set`` that cannot be read, for a run that stopped on a
-    read error: ``(shard path, record index, problem)``, or None when every shard reads.
-
-    Shards whose size differs from the manifest are read first, so a truncated shard is
-    found without reading the others; a shard of the wrong size that still reads to its end
-    is reported with index None. :func:`verify` checks more (whole-file checksums, every
-    record's contents), and takes longer.
-    """
+def changed_shards(record_set):
+    """``(shard path, problem)`` for each shard of ``record_set`` that is missing or whose
+    size is not the manifest's, in manifest order: the cheap check (one ``stat`` a shard)
+    that finds a shard cut short, even at a record's end where it still reads."""
     record_set = open_record_set(record_set)
-    resized, unchanged = [], []
+    changed = []
     for split in record_set.manifest["splits"]:
         entries = record_set.manifest["splits"][split]["shards"]
         for entry, path in zip(entries, record_set.shard_paths(split)):
             if not fileio.exists(path):
-                return path, None, "missing, though the manifest lists it"
+                changed.append((path, "missing, though the manifest lists it"))
+                continue
             size = tf.io.gfile.stat(path).length
-            if size == entry["bytes"]:
-                unchanged.append(path)
-            else:
-                resized.append((path, f"{size} bytes where the manifest says {entry['bytes']}"))
-    for path in [path for path, _ in resized] + unchanged:
+            if size != entry["bytes"]:
+                changed.append((path, f"{size} bytes where the manifest says {entry['bytes']}"))
+    return changed
+
+
+def find_damage(record_set):
+    """The first record of ``record_set`` that cannot be read, for a run that stopped on a
+    read error: ``(shard path, record index, problem)``, or None when every shard reads.
+
+    Shards whose size differs from the manifest (:func:`changed_shards`) are read first, so
+    a truncated shard is found without reading the others; a shard of the wrong size that
+    still reads to its end is reported with index None, a missing one before anything is
+    read. :func:`verify` checks more (whole-file checksums, every record's contents), and
+    takes longer.
+    """
+    record_set = open_record_set(record_set)
+    changed = changed_shards(record_set)
+    for path, problem in changed:
+        if not fileio.exists(path):
+            return path, None, problem
+    resized = [path for path, _ in changed]
+    every = [
+        path for split in record_set.manifest["splits"] for path in record_set.shard_paths(split)
+    ]
+    for path in resized + [path for path in every if path not in resized]:
         index = 0
         try:
             for _ in tf.data.TFRecordDataset(path):
                 index += 1
         except tf.errors.DataLossError as err:
             return path, index, _read_problem(err.message)
-    if resized:
-        path, problem = resized[0]
+    if changed:
+        path, problem = changed[0]
         return path, None, problem
     return None
 

@@ -21,6 +21,7 @@ from yolo3.data import multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
+from yolo3.engine import faults
 from yolo3.engine.trainer import (
     WarmupSchedule,
     YoloTrainer,
@@ -65,6 +66,13 @@ class RunData:
     def input_hw(self):
         """(height, width) in pixels, as the records were preprocessed."""
         return self.record_set.input_hw
+
+    @property
+    def record_sets(self):
+        """Every record set the run reads: the training set, and the validation set when
+        it is another."""
+        val_set = self.val_source[0] if self.val_source else None
+        return [self.record_set] + ([val_set] if val_set not in (None, self.record_set) else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +151,23 @@ def build_strategy(config):
 
 
 def read_data(config):
-    """The run's :class:`RunData`: each record set's manifest and the anchors file read once."""
+    """The run's :class:`RunData`: each record set's manifest and the anchors file read once.
+
+    Raises:
+        DamagedRecord: a shard is missing or not the size its manifest says.
+    """
     record_set = records.open_record_set(config.records)
-    val_source = _validation_source(config, record_set)
-    return RunData(record_set, val_source, read_anchors(anchors_file(config)))
+    data = RunData(
+        record_set, _validation_source(config, record_set), read_anchors(anchors_file(config))
+    )
+    for source in data.record_sets:
+        changed = records.changed_shards(source)
+        if changed:
+            path, problem = changed[0]
+            raise faults.damaged_record(
+                (path, None, problem), source.directory, since="it was written"
+            )
+    return data
 
 
 def _validation_source(config, record_set):

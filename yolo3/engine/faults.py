@@ -69,13 +69,14 @@ def out_of_space_fails(folder):
         ) from error
 
 
-def damaged_record(damage, records_dir):
+def damaged_record(damage, records_dir, *, since="training started"):
     """:class:`DamagedRecord` for ``damage``, a ``(shard path, record index, problem)`` of
-    :func:`yolo3.data.records.find_damage`, in the record set ``records_dir``."""
+    :func:`yolo3.data.records.find_damage` (index None: the whole shard), in the record set
+    ``records_dir``, which changed on disk ``since`` the moment named."""
     path, index, problem = damage
     where = path if index is None else f"{path} record {index}"
     return DamagedRecord(
-        f"{where}: {problem}; the record set changed after training started (yolo3 "
+        f"{where}: {problem}; the record set changed after {since} (yolo3 "
         f"preprocess --verify {records_dir} lists all damage): restore or preprocess "
         "it again, then run the same command to continue from the last backup"
     )

@@ -74,6 +74,8 @@ def build_callbacks(config, setup, *, progress, trainer, clock, monitor, backup,
     # First: the communication's (local steps synchronise before anything reads or saves
     # the weights).
     ordered = [*trainer.communication.callbacks(backup), preemption]
+    # Before the backup and the checkpoints: an epoch read from changed shards saves nothing.
+    ordered.append(yolo_callbacks.RecordSetCheck(setup.data.record_sets))
     if config.freeze_body:
         names = frozen_layer_names(body, setup.model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))

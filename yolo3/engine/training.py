@@ -197,11 +197,7 @@ def _faults_named(setup):
         ) from error
     except (tf.errors.DataLossError, tf.errors.NotFoundError) as error:
         # TensorFlow names neither the shard nor the record: reading the sets again does.
-        record_set, val_source = setup.data.record_set, setup.data.val_source
-        sources = [record_set]
-        if val_source and val_source[0] is not record_set:
-            sources.append(val_source[0])
-        for source in sources:
+        for source in setup.data.record_sets:
             damage = records.find_damage(source)
             if damage:
                 raise faults.damaged_record(damage, source.directory) from error
