@@ -25,7 +25,7 @@ import keras
 from yolo3.checkpoint.weights import read_metadata, write_weights_file
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.status import TrainingStatus
-from yolo3.fileio import atomic_write
+from yolo3.fileio import atomic_write, remove_temporaries
 
 PATTERN = "backup-{step:09d}.weights.h5"
 LEGACY = "backup.weights.h5"  # one file, epoch ends only (earlier versions)
@@ -78,6 +78,7 @@ class WorkerBackup(keras.callbacks.Callback):
         Every worker of the job must call it, before ``fit``. Backups newer than the agreed
         step are deleted: training from there will write them again.
         """
+        remove_temporaries(self.directory)  # writes a killed run left unfinished
         found = self.available()
         step = distribute.common_newest(strategy, found, slots=KEEP)
         if step is None:

@@ -25,7 +25,7 @@ import keras
 from yolo3.checkpoint.weights import read_metadata, save_weights, write_weights_file
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.status import TrainingStatus
-from yolo3.fileio import atomic_write
+from yolo3.fileio import atomic_write, remove_temporaries
 
 LAST = "last.weights.h5"
 BEST = "best.weights.h5"
@@ -89,6 +89,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             self.best = read_metadata(best).get("logs", {}).get(self.monitor, math.inf)
         if self.worker.is_chief:
             os.makedirs(self.directory, exist_ok=True)
+            remove_temporaries(self.directory)  # writes a killed run left unfinished
 
     def _where(self, name):
         """Where this worker writes ``name``: the checkpoint folder on the chief."""

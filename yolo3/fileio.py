@@ -106,6 +106,18 @@ def atomic_path(path):
     return temp
 
 
+def remove_temporaries(directory):
+    """Deletes the ``.tmp-*`` files :func:`atomic_write` left in ``directory`` when a run was
+    killed mid-write (a backup's is as large as the model and its optimizer state). Only for
+    a folder no other process writes to while this one runs. Returns the names removed."""
+    removed = []
+    for path in _glob.glob(os.path.join(_glob.escape(os.fspath(directory)), ".tmp-*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(os.path.basename(path))
+    return sorted(removed)
+
+
 @contextlib.contextmanager
 def atomic_write(path):
     """Yields a temporary path to write; renames it over ``path`` only if the block succeeds.

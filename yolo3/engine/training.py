@@ -127,6 +127,7 @@ def _run(config, *, log):
 def _write_config(config, setup):
     """``config.json``: the flags and the settings the run resolved (the chief writes it)."""
     os.makedirs(config.log_dir, exist_ok=True)
+    fileio.remove_temporaries(config.log_dir)  # a killed run's unfinished write
     fileio.write_json(
         os.path.join(config.log_dir, "config.json"),
         {**dataclasses.asdict(config), "resolved": setup.resolved},
