@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, tiny_model
 from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
-from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_helpers import SIZE, job_inputs, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
 
 from yolo3.comm.allreduce import allreduce_bytes
@@ -283,15 +283,7 @@ def test_the_state_is_saved_with_the_trainer_and_loads_only_where_it_fits(tmp_pa
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Eight noisy records in two shards, anchors and seeded initial weights."""
-    from yolo3.checkpoint.weights import save_weights
-    from yolo3.model.network import tiny_yolo_body
-
-    folder = tmp_path_factory.mktemp("compression")
-    records = small_record_set(folder / "records", train=8, val=0, num_shards=2, noise=20)
-    initial = str(folder / "init.weights.h5")
-    keras.utils.set_random_seed(0)
-    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
-    return records, write_anchors(folder / "anchors.txt"), initial
+    return job_inputs(tmp_path_factory.mktemp("compression"), val=0)
 
 
 def _max_difference(a, b):
