@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import tiny_yolo_body
@@ -161,6 +162,14 @@ def numpy_loss(
                         terms["objectness"][image] += _bce(0, r[4])
     total = sum(terms.values())
     return total, terms
+
+
+def distribute_per_replica(strategy, values):
+    """Distributed values of ``strategy`` whose replica r holds ``values[r]`` (an array, or a
+    list or tuple of arrays) as tensors."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda context: tf.nest.map_structure(tf.constant, values[context.replica_id_in_sync_group])
+    )
 
 
 def load_tool(name):

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, tiny_model
 from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, job_inputs, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
@@ -36,11 +36,6 @@ REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 # Kernel shapes (kh, kw, cin, cout), as (m = kh * kw * cin) x (n = cout) matrices tall,
 # wide and square-ish.
 SHAPES = [(3, 3, 4, 5), (1, 1, 6, 9), (2, 2, 2, 8)]
-
-
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
 
 
 class Reducer:
@@ -69,13 +64,8 @@ class Reducer:
         """``per_replica[r]``: replica r's local mean gradients (arrays). Returns the reduced
         gradients of every replica: ``[replica][variable]``."""
         # Keras hands each replica its local mean divided by the replica count.
-        values = self.strategy.experimental_distribute_values_from_function(
-            lambda context: [
-                tf.constant(g / self.replicas)
-                for g in per_replica[context.replica_id_in_sync_group]
-            ]
-        )
-        outputs = self._step(values)
+        local = [[g / self.replicas for g in grads] for grads in per_replica]
+        outputs = self._step(distribute_per_replica(self.strategy, local))
         return [
             [np.asarray(self.strategy.experimental_local_results(leaf)[r]) for leaf in outputs]
             for r in range(self.replicas)
