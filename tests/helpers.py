@@ -172,6 +172,21 @@ def distribute_per_replica(strategy, values):
     )
 
 
+def save_problem(path, initial, **arrays):
+    """Writes the ``.npz`` file that a step script run in a process of its own reads:
+    ``arrays`` under their names, and the model's ``initial`` weights as ``initial_0``,
+    ``initial_1``, ... with their count, ``num_weights`` (:func:`initial_weights` reads them
+    back). Returns ``path``."""
+    numbered = {f"initial_{i}": w for i, w in enumerate(initial)}
+    np.savez(path, **arrays, num_weights=len(initial), **numbered)
+    return path
+
+
+def initial_weights(problem):
+    """The initial weights of a :func:`save_problem` file (as ``np.load`` opens it), in order."""
+    return [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
+
+
 def load_tool(name):
     """The module of a command (``yolo3/commands/<name>.py``) or, for the benchmark harness,
     of ``tools/<name>.py`` (the tools folder is not a package)."""

@@ -12,7 +12,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import distribute_per_replica, micro_model, random_boxes, tiny_model
+from helpers import (
+    distribute_per_replica,
+    micro_model,
+    random_boxes,
+    save_problem,
+    tiny_model,
+)
 
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import BN_EPSILON
@@ -247,13 +253,11 @@ def training(tmp_path_factory):
     rng = np.random.default_rng(11)
     keras.utils.set_random_seed(11)
     initial = micro_model(synchronized_bn=True).get_weights()
-    path = tmp_path_factory.mktemp("sync_bn") / "problem.npz"
-    np.savez(
-        path,
+    path = save_problem(
+        tmp_path_factory.mktemp("sync_bn") / "problem.npz",
+        initial,
         images=rng.uniform(0, 1, (STEPS, GLOBAL_BATCH, 64, 64, 3)).astype(np.float32),
         boxes=np.stack([random_boxes(rng, GLOBAL_BATCH, 4, 64, 2) for _ in range(STEPS)]),
-        num_weights=len(initial),
-        **{f"initial_{i}": w for i, w in enumerate(initial)},
     )
     runs = [f"{floatx}:{steps}:sync" for floatx, steps in RUNS.items()]
     # One process after the other: the four replicas' collectives wait on each other, and
