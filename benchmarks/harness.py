@@ -28,6 +28,19 @@ import numpy as np
 SPEEDUP, FRACTION, OVERHEAD = "speedup", "fraction", "overhead"
 
 
+def check_input_size(input_size):
+    """ValueError naming ``--input-size`` unless it is a positive multiple of 32."""
+    if input_size % 32 or input_size <= 0:
+        raise ValueError(f"--input-size {input_size} is not a positive multiple of 32")
+
+
+def check_counts(counts):
+    """ValueError naming the first flag of ``counts`` (flag -> value) whose value is below 1."""
+    for flag, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{flag} {value} must be >= 1")
+
+
 def machine_info():
     """Cores, CPU model (from /proc/cpuinfo where there is one) and library versions."""
     model = platform.processor() or platform.machine()

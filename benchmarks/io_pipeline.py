@@ -50,20 +50,18 @@ class IOConfig:
     work_dir: str | None = None
 
     def __post_init__(self):
-        if self.input_size % 32 or self.input_size <= 0:
-            raise ValueError(f"--input-size {self.input_size} is not a positive multiple of 32")
+        harness.check_input_size(self.input_size)
         if len(self.anchors) != 9:
             raise ValueError(f"{len(self.anchors)} anchors given; the original input uses 9")
-        counts = {
-            "--images": self.images,
-            "--batch-size": self.batch_size,
-            "--batches": self.batches,
-            "--original-images": self.original_images,
-            "--repeats": self.repeats,
-        }
-        for flag, value in counts.items():
-            if value < 1:
-                raise ValueError(f"{flag} {value} must be >= 1")
+        harness.check_counts(
+            {
+                "--images": self.images,
+                "--batch-size": self.batch_size,
+                "--batches": self.batches,
+                "--original-images": self.original_images,
+                "--repeats": self.repeats,
+            }
+        )
         if not self.workers_list or min(self.workers_list) < 1:
             raise ValueError(f"--workers-list {self.workers_list}: give counts >= 1")
         if self.num_classes < len(synthetic.CLASS_NAMES):

@@ -94,21 +94,19 @@ class TrainStepConfig:
             raise ValueError(
                 f"--model-type {self.model} needs {expected} anchors; {len(self.anchors)} given"
             )
-        if self.input_size % 32 or self.input_size <= 0:
-            raise ValueError(f"--input-size {self.input_size} is not a positive multiple of 32")
+        harness.check_input_size(self.input_size)
         if self.jit_compile not in JIT_CHOICES:
             raise ValueError(f"--jit-compile {self.jit_compile!r}: use one of {list(JIT_CHOICES)}")
-        counts = {
-            "--batch-size": self.batch_size,
-            "--steps": self.steps,
-            "--warmup-steps": self.warmup_steps,
-            "--repeats": self.repeats,
-            "--num-classes": self.num_classes,
-            "--max-boxes": self.max_boxes,
-        }
-        for flag, value in counts.items():
-            if value < 1:
-                raise ValueError(f"{flag} {value} must be >= 1")
+        harness.check_counts(
+            {
+                "--batch-size": self.batch_size,
+                "--steps": self.steps,
+                "--warmup-steps": self.warmup_steps,
+                "--repeats": self.repeats,
+                "--num-classes": self.num_classes,
+                "--max-boxes": self.max_boxes,
+            }
+        )
         for flag, name, choices in (
             ("--precisions", "precisions", tuple(PRECISIONS)),
             ("--xla", "xla", XLA_CHOICES),

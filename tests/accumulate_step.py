@@ -49,7 +49,7 @@ def _strategy(layout):
 
 def run(layout, problem, settings):
     import keras
-    from helpers import SMALL_ANCHORS, micro_model
+    from helpers import SMALL_ANCHORS, initial_weights, micro_model
 
     from yolo3.comm.schemes import AllReduce
     from yolo3.engine.trainer import YoloTrainer
@@ -78,7 +78,7 @@ def run(layout, problem, settings):
     data = strategy.distribute_datasets_from_function(dataset_fn)
     with strategy.scope():
         body = micro_model(size=SIZE, synchronized_bn=replicas > 1)
-        body.set_weights([problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))])
+        body.set_weights(initial_weights(problem))
         if settings["frozen_bn"]:
             for layer in body.layers:
                 if "BatchNormalization" in type(layer).__name__:

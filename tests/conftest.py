@@ -38,3 +38,9 @@ def four_replicas():
     ("Function was cancelled before it was started"), so the tests share this one.
     """
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(NUM_LOGICAL_CPUS)])
+
+
+@pytest.fixture(scope="session")
+def strategy(four_replicas):
+    """:func:`four_replicas` under the name the in-process multi-replica tests give it."""
+    return four_replicas

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import tiny_yolo_body
@@ -161,6 +162,29 @@ def numpy_loss(
                         terms["objectness"][image] += _bce(0, r[4])
     total = sum(terms.values())
     return total, terms
+
+
+def distribute_per_replica(strategy, values):
+    """Distributed values of ``strategy`` whose replica r holds ``values[r]`` (an array, or a
+    list or tuple of arrays) as tensors."""
+    return strategy.experimental_distribute_values_from_function(
+        lambda context: tf.nest.map_structure(tf.constant, values[context.replica_id_in_sync_group])
+    )
+
+
+def save_problem(path, initial, **arrays):
+    """Writes the ``.npz`` file that a step script run in a process of its own reads:
+    ``arrays`` under their names, and the model's ``initial`` weights as ``initial_0``,
+    ``initial_1``, ... with their count, ``num_weights`` (:func:`initial_weights` reads them
+    back). Returns ``path``."""
+    numbered = {f"initial_{i}": w for i, w in enumerate(initial)}
+    np.savez(path, **arrays, num_weights=len(initial), **numbered)
+    return path
+
+
+def initial_weights(problem):
+    """The initial weights of a :func:`save_problem` file (as ``np.load`` opens it), in order."""
+    return [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
 
 
 def load_tool(name):

@@ -65,10 +65,6 @@ def make_dataset(problem):
     return dataset.batch(GLOBAL_BATCH).with_options(options)
 
 
-def initial_weights(problem):
-    return [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
-
-
 class BatchLosses(keras.callbacks.Callback):
     """The running loss each training step logs (reduced across replicas by Keras)."""
 
@@ -86,6 +82,8 @@ def train(problem):
     Returns the model, the (training, validation) loss of each epoch, the step losses and the
     loss of a final ``evaluate``.
     """
+    from helpers import initial_weights
+
     model = build_model()
     model.set_weights(initial_weights(problem))
     compile_model(model)

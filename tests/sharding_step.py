@@ -69,8 +69,10 @@ def main():
     from graph_rewrites import skip_graph_rewrites
 
     skip_graph_rewrites()  # every layout alike
+    from helpers import initial_weights
+
     problem = np.load(problem_path)
-    initial = [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
+    initial = initial_weights(problem)
     np.savez(result_path, **run(replicas, problem["images"], problem["boxes"], initial))
 
 

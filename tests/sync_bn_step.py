@@ -101,8 +101,10 @@ def main():
     else:
         strategy = tf.distribute.get_strategy()
     skip_graph_rewrites()  # both processes alike
+    from helpers import initial_weights
+
     problem = np.load(problem_path)
-    initial = [problem[f"initial_{i}"] for i in range(int(problem["num_weights"]))]
+    initial = initial_weights(problem)
     results = {}
     for spec in sys.argv[4:]:
         floatx, steps, batch_norm = spec.split(":")

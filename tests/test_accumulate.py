@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import micro_model, random_boxes
+from helpers import micro_model, random_boxes, save_problem
 
 from yolo3.distributed import strategy as distribute
 
@@ -36,15 +36,12 @@ def problem(tmp_path_factory):
     keras.utils.set_random_seed(3)
     rng = np.random.default_rng(11)
     weights = micro_model().get_weights()
-    path = tmp_path_factory.mktemp("accumulate") / "problem.npz"
-    np.savez(
-        path,
+    return save_problem(
+        tmp_path_factory.mktemp("accumulate") / "problem.npz",
+        weights,
         images=rng.uniform(0, 1, (IMAGES, 64, 64, 3)).astype(np.float32),
         boxes=random_boxes(rng, IMAGES, 4, 64, num_classes=2),
-        num_weights=len(weights),
-        **{f"initial_{i}": w for i, w in enumerate(weights)},
     )
-    return path
 
 
 def _run(problem, name, layouts, settings):

@@ -54,6 +54,13 @@ def make_devkit(root):
         (folder / "trainval.txt").write_text(text)
 
 
+def _assert_printed(capsys, *lines):
+    """Each of ``lines`` is in what the tool printed on standard output."""
+    printed = capsys.readouterr().out
+    for line in lines:
+        assert line in printed, line
+
+
 def test_voc_lines_match_hand_written(tmp_path, capsys):
     make_devkit(tmp_path / "VOCdevkit")
     classes = tmp_path / "classes.txt"
@@ -68,9 +75,9 @@ def test_voc_lines_match_hand_written(tmp_path, capsys):
         base.format(2007, "000004"),  # only a difficult object: a background image
         base.format(2012, "2008_000001") + " 274,10,300,100,0",  # fractions rounded
     ]
-    summary = capsys.readouterr().out
-    assert "4 images, 3 boxes, 1 images without boxes, 0 boxes flagged difficult" in summary
-    for line in [
+    _assert_printed(
+        capsys,
+        "4 images, 3 boxes, 1 images without boxes, 0 boxes flagged difficult",
         "skipped difficult: 2",
         "skipped missing_xml: 1",
         "skipped unreadable_xml: 1",
@@ -79,8 +86,7 @@ def test_voc_lines_match_hand_written(tmp_path, capsys):
         "skipped bad_box: 1",
         "000003.xml does not exist",
         "2008_000002.xml: not valid XML",
-    ]:
-        assert line in summary, line
+    )
 
     # The written paths resolve back to the devkit's images.
     entries, rejects, _ = parse_annotations(output, num_classes=2)
@@ -116,9 +122,7 @@ def test_voc_flags_difficult_objects_by_default(tmp_path, capsys):
         "VOCdevkit/VOC2007/JPEGImages/000002.jpg 10,20,30,40,0,1 1,2,3,4,1",
         "VOCdevkit/VOC2007/JPEGImages/000004.jpg 5,5,50,50,0,1",
     ]
-    assert "3 images, 4 boxes, 0 images without boxes, 2 boxes flagged difficult" in (
-        capsys.readouterr().out
-    )
+    _assert_printed(capsys, "3 images, 4 boxes, 0 images without boxes, 2 boxes flagged difficult")
     entries, rejects, _ = parse_annotations(output, num_classes=2)
     assert not rejects
     assert [entry.difficult.tolist() for entry in entries] == [[False], [True, False], [True]]
@@ -192,15 +196,14 @@ def test_coco_lines_and_classes(tmp_path, capsys):
         "../images/empty.jpg",
     ]
     assert (tmp_path / "out" / "coco_classes.txt").read_text() == "person\ncar\ntoothbrush\n"
-    summary = capsys.readouterr().out
-    assert "3 images, 3 boxes in 3 classes, 1 background images" in summary
-    for line in [
+    _assert_printed(
+        capsys,
+        "3 images, 3 boxes in 3 classes, 1 background images",
         "skipped crowd: 1",
         "skipped zero_size_box: 1",
         "skipped unknown_image: 1",
         "skipped unknown_category: 1",
-    ]:
-        assert line in summary, line
+    )
     entries, rejects, _ = parse_annotations(output, num_classes=3)
     assert not rejects and entries[0].path == str(tmp_path / "images" / "a.jpg")
     np.testing.assert_array_equal(entries[0].boxes, [[10, 21, 41, 61]])

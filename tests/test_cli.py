@@ -2,6 +2,7 @@
 TensorFlow's start-up log held back."""
 
 import argparse
+import dataclasses
 import functools
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 from helpers import load_tool
 
 from yolo3 import commands
-from yolo3.cli import TF_LOG_ENV, HelpFormatter
+from yolo3.cli import TF_LOG_ENV, HelpFormatter, dataclass_from_args
 from yolo3.commands import COMMANDS, summary, train
 from yolo3.evaluation import validate
 
@@ -264,6 +265,26 @@ def test_train_model_alias_builds_the_same_config(tmp_path):
         for flag in ("--model", "--model-type")
     ]
     assert configs[0] == configs[1] and configs[0].model == "tiny"
+
+
+def test_a_dataclass_takes_each_field_from_the_argument_of_its_name():
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        sizes: tuple
+        seed: int = 0
+        name: str = "default"  # no flag of its own: stays at its default
+        path: str | None = None
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--file")
+    parser.add_argument("--other")
+    args = parser.parse_args(["--sizes", "1", "8", "--file", "f.txt", "--other", "x"])
+    settings = dataclass_from_args(Settings, args, path=args.file)
+    assert settings == Settings(sizes=(1, 8), seed=3, name="default", path="f.txt")
+    with pytest.raises(TypeError, match="unknown"):
+        dataclass_from_args(Settings, args, unknown=1)
 
 
 def _fake_detectors(folder):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, tiny_model
 
 from yolo3.comm import reducer
 from yolo3.comm.allreduce import (
@@ -28,19 +28,11 @@ from yolo3.engine.trainer import YoloTrainer
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 
 
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
-
-
 def _reduce(strategy, per_replica, dtype):
     """``all_reduce_gradients`` of replica r's ``per_replica[r]`` (a list of arrays)."""
-    values = strategy.experimental_distribute_values_from_function(
-        lambda context: [tf.constant(a) for a in per_replica[context.replica_id_in_sync_group]]
-    )
     outputs = tf.function(
         lambda grads: strategy.run(lambda g: all_reduce_gradients(list(g), dtype), args=(grads,))
-    )(values)
+    )(distribute_per_replica(strategy, per_replica))
     return [np.asarray(strategy.experimental_local_results(leaf)[0]) for leaf in outputs]
 
 

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, tiny_model
 from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
-from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_helpers import SIZE, job_inputs, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
 
 from yolo3.comm.allreduce import allreduce_bytes
@@ -36,11 +36,6 @@ REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 # Kernel shapes (kh, kw, cin, cout), as (m = kh * kw * cin) x (n = cout) matrices tall,
 # wide and square-ish.
 SHAPES = [(3, 3, 4, 5), (1, 1, 6, 9), (2, 2, 2, 8)]
-
-
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
 
 
 class Reducer:
@@ -69,13 +64,8 @@ class Reducer:
         """``per_replica[r]``: replica r's local mean gradients (arrays). Returns the reduced
         gradients of every replica: ``[replica][variable]``."""
         # Keras hands each replica its local mean divided by the replica count.
-        values = self.strategy.experimental_distribute_values_from_function(
-            lambda context: [
-                tf.constant(g / self.replicas)
-                for g in per_replica[context.replica_id_in_sync_group]
-            ]
-        )
-        outputs = self._step(values)
+        local = [[g / self.replicas for g in grads] for grads in per_replica]
+        outputs = self._step(distribute_per_replica(self.strategy, local))
         return [
             [np.asarray(self.strategy.experimental_local_results(leaf)[r]) for leaf in outputs]
             for r in range(self.replicas)
@@ -283,15 +273,7 @@ def test_the_state_is_saved_with_the_trainer_and_loads_only_where_it_fits(tmp_pa
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Eight noisy records in two shards, anchors and seeded initial weights."""
-    from yolo3.checkpoint.weights import save_weights
-    from yolo3.model.network import tiny_yolo_body
-
-    folder = tmp_path_factory.mktemp("compression")
-    records = small_record_set(folder / "records", train=8, val=0, num_shards=2, noise=20)
-    initial = str(folder / "init.weights.h5")
-    keras.utils.set_random_seed(0)
-    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
-    return records, write_anchors(folder / "anchors.txt"), initial
+    return job_inputs(tmp_path_factory.mktemp("compression"), val=0)
 
 
 def _max_difference(a, b):

@@ -11,11 +11,6 @@ from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
 
 
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
-
-
 def _assert_same_weights(a, b, atol=2e-6):
     for x, y in zip(a.body.weights, b.body.weights):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=atol)

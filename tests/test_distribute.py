@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import initial_weights, save_problem
 
 from yolo3.distributed import keras_mwms
 from yolo3.distributed import strategy as distribute
@@ -250,15 +251,12 @@ def problem(tmp_path_factory):
     rng = np.random.default_rng(3)
     keras.utils.set_random_seed(3)  # the same starting weights in every run
     weights = build_model().get_weights()
-    path = tmp_path_factory.mktemp("mwms") / "problem.npz"
-    np.savez(
-        path,
+    return save_problem(
+        tmp_path_factory.mktemp("mwms") / "problem.npz",
+        weights,
         images=rng.uniform(0, 1, (NUM_SAMPLES, 8, 8, 3)).astype(np.float32),
         targets=rng.normal(size=(NUM_SAMPLES, 1)).astype(np.float32),
-        num_weights=len(weights),
-        **{f"initial_{i}": w for i, w in enumerate(weights)},
     )
-    return path
 
 
 def _run(commands, logs):
@@ -319,7 +317,7 @@ def reference(problem):
 @pytest.fixture(scope="module")
 def initial_loss(problem):
     """The loss of the starting weights on the training data, before any step."""
-    from mwms_worker import build_model, compile_model, initial_weights, make_dataset
+    from mwms_worker import build_model, compile_model, make_dataset
 
     loaded = dict(np.load(problem))
     model = build_model()

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, micro_model, random_boxes, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, micro_model, random_boxes, tiny_model
 from test_compression import _max_difference, _wait, _worker, assert_trained_alike
 from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_train_distributed import _launch, _run, _sgd_args, _weights
@@ -26,20 +26,13 @@ from yolo3.engine.trainer import YoloTrainer, make_optimizer
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 
 
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
-
-
 def _set_per_replica(strategy, variable, values):
     """Gives each replica's copy of a mirrored ``variable`` its own value."""
-    per_replica = strategy.experimental_distribute_values_from_function(
-        lambda context: tf.constant(values[context.replica_id_in_sync_group])
-    )
+    distributed = distribute_per_replica(strategy, values)
 
     @tf.function
     def assign():
-        strategy.extended.update(variable, lambda v, x: v.assign(x), args=(per_replica,))
+        strategy.extended.update(variable, lambda v, x: v.assign(x), args=(distributed,))
 
     assign()
 

@@ -29,7 +29,7 @@ from test_train_distributed import (
     _weights,
     _worker_pid,
 )
-from train_helpers import SIZE, small_record_set, write_anchors
+from train_helpers import job_inputs
 
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.checkpoint.weights import read_metadata
@@ -45,17 +45,7 @@ FIXED_BATCHES = [
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Eight records in two shards of four, anchors and seeded initial weights."""
-    import keras
-
-    from yolo3.checkpoint.weights import save_weights
-    from yolo3.model.network import tiny_yolo_body
-
-    folder = tmp_path_factory.mktemp("resume")
-    records = small_record_set(folder / "records", train=8, val=8, num_shards=2, noise=20)
-    initial = str(folder / "init.weights.h5")
-    keras.utils.set_random_seed(0)
-    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
-    return records, write_anchors(folder / "anchors.txt"), initial
+    return job_inputs(tmp_path_factory.mktemp("resume"))
 
 
 def _poll(predicate, what):

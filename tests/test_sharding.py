@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import micro_model, random_boxes
+from helpers import micro_model, random_boxes, save_problem
 
 GLOBAL_BATCH = 8
 STEP_SCRIPT = Path(__file__).with_name("sharding_step.py")
@@ -24,14 +24,11 @@ pytestmark = pytest.mark.slow
 def problem(tmp_path_factory):
     rng = np.random.default_rng(7)
     model = micro_model()
-    weights = model.get_weights()
-    path = tmp_path_factory.mktemp("sharding") / "problem.npz"
-    np.savez(
-        path,
+    path = save_problem(
+        tmp_path_factory.mktemp("sharding") / "problem.npz",
+        model.get_weights(),
         images=rng.uniform(0, 1, (GLOBAL_BATCH, 64, 64, 3)).astype(np.float32),
         boxes=random_boxes(rng, GLOBAL_BATCH, 4, 64, num_classes=2),
-        num_weights=len(weights),
-        **{f"initial_{i}": w for i, w in enumerate(weights)},
     )
     start = [v.numpy() for v in model.trainable_variables]
     return path, start

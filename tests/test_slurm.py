@@ -18,21 +18,17 @@ import threading
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 from slurm_cluster import SlurmCluster, missing_programs, task_pids
 from train_helpers import (
-    SIZE,
     assert_only_the_chief_wrote,
-    small_record_set,
+    job_inputs,
     train_args,
-    write_anchors,
 )
 
-from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.checkpoint.weights import read_metadata
 from yolo3.distributed import strategy as distribute
-from yolo3.model.network import tiny_yolo_body
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("slurm_worker.py")
@@ -65,13 +61,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("slurm-data")
-    records = small_record_set(folder / "records", train=16, val=8, num_shards=2, noise=20)
-    anchors = write_anchors(folder / "anchors.txt")
-    initial = str(folder / "init.weights.h5")
-    keras.utils.set_random_seed(0)
-    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
-    return records, anchors, initial
+    return job_inputs(tmp_path_factory.mktemp("slurm-data"), train=16)
 
 
 def _args(data, log_dir, *extra):

@@ -12,7 +12,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import micro_model, random_boxes, tiny_model
+from helpers import (
+    distribute_per_replica,
+    micro_model,
+    random_boxes,
+    save_problem,
+    tiny_model,
+)
 
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import BN_EPSILON
@@ -20,11 +26,6 @@ from yolo3.model.network import BN_EPSILON
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 STEP_SCRIPT = Path(__file__).with_name("sync_bn_step.py")
 WEIGHT_NAMES = ["gamma", "beta", "moving_mean", "moving_variance"]
-
-
-@pytest.fixture(scope="module")
-def strategy(four_replicas):
-    return four_replicas
 
 
 def _random_bn_weights(rng, channels):
@@ -45,9 +46,7 @@ def _build(layer, weights, input_shape):
 def _run_on_replicas(strategy, fn, *arrays):
     """``fn`` on each replica's equal slice (axis 0) of ``arrays``; per-replica results."""
     slices = [np.split(array, strategy.num_replicas_in_sync) for array in arrays]
-    distributed = strategy.experimental_distribute_values_from_function(
-        lambda context: tuple(tf.constant(s[context.replica_id_in_sync_group]) for s in slices)
-    )
+    distributed = distribute_per_replica(strategy, list(zip(*slices)))
     outputs = tf.function(lambda values: strategy.run(fn, args=values))(distributed)
     leaves = [strategy.experimental_local_results(leaf) for leaf in tf.nest.flatten(outputs)]
     return [
@@ -254,13 +253,11 @@ def training(tmp_path_factory):
     rng = np.random.default_rng(11)
     keras.utils.set_random_seed(11)
     initial = micro_model(synchronized_bn=True).get_weights()
-    path = tmp_path_factory.mktemp("sync_bn") / "problem.npz"
-    np.savez(
-        path,
+    path = save_problem(
+        tmp_path_factory.mktemp("sync_bn") / "problem.npz",
+        initial,
         images=rng.uniform(0, 1, (STEPS, GLOBAL_BATCH, 64, 64, 3)).astype(np.float32),
         boxes=np.stack([random_boxes(rng, GLOBAL_BATCH, 4, 64, 2) for _ in range(STEPS)]),
-        num_weights=len(initial),
-        **{f"initial_{i}": w for i, w in enumerate(initial)},
     )
     runs = [f"{floatx}:{steps}:sync" for floatx, steps in RUNS.items()]
     # One process after the other: the four replicas' collectives wait on each other, and

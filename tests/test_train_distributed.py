@@ -13,19 +13,19 @@ import sys
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 from train_helpers import (
     SIZE,
     assert_only_the_chief_wrote,
+    job_inputs,
     small_record_set,
     train_args,
     write_anchors,
 )
 from train_worker import probe_images
 
-from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
+from yolo3.checkpoint.weights import load_weights, read_metadata
 from yolo3.data.multiscale import ScaleSchedule
 from yolo3.model.network import tiny_yolo_body
 
@@ -45,15 +45,7 @@ def setup(tmp_path_factory):
     batch from the iterator to build a model under a strategy, and shuffling differs
     between one pipeline and one per worker, but the set of images in a step does not.
     """
-    folder = tmp_path_factory.mktemp("distributed")
-    records = small_record_set(folder / "records", train=8, val=8, num_shards=2, noise=20)
-    anchors = write_anchors(folder / "anchors.txt")
-    initial = str(folder / "init.weights.h5")
-    # Seeded: a float16 run from some random initialisations overflows to an infinite loss
-    # within its six steps, and the run then rightly stops.
-    keras.utils.set_random_seed(0)
-    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
-    return records, anchors, initial
+    return job_inputs(tmp_path_factory.mktemp("distributed"))
 
 
 @pytest.fixture(scope="module")

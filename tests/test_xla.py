@@ -43,6 +43,31 @@ def _outputs(rng, batch):
     ]
 
 
+def _targets(boxes):
+    """The loss targets of ``boxes`` from build_targets, and from the NumPy oracle."""
+    targets = build_targets(
+        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+    )
+    return targets, numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
+
+
+def _loss_and_oracle(targets, oracle_targets, outputs, oracle_boxes, **options):
+    """``(total, terms)`` of yolo_loss with ``options``, and of the NumPy oracle given
+    ``oracle_boxes``: the true boxes that those options make the loss compare against."""
+    loss = yolo_loss(
+        targets,
+        outputs,
+        anchors=SMALL_ANCHORS,
+        num_classes=NUM_CLASSES,
+        ignore_thresh=0.5,
+        **options,
+    )
+    oracle = numpy_loss(
+        oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, oracle_boxes
+    )
+    return loss, oracle
+
+
 def test_ignore_mask_with_given_boxes_matches_numpy_oracle():
     rng = np.random.default_rng(11)
     boxes = _colliding_boxes(rng)
@@ -50,22 +75,11 @@ def test_ignore_mask_with_given_boxes_matches_numpy_oracle():
     # Image 0, stride 16, cell (2, 2), anchor 6x8: a confident prediction of exactly the
     # losing box (centre 40, 40, size 16): IoU 1 with it, 81 / 431 with the winner.
     outputs[1][0, 2, 2, :5] = [0.0, 0.0, np.log(16 / 6), np.log(16 / 8), 3.0]
-    targets = build_targets(
-        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
-    )
-    oracle_targets = numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
+    targets, oracle_targets = _targets(boxes)
     results = {}
     for given in (None, boxes):
-        total, terms = yolo_loss(
-            targets,
-            outputs,
-            anchors=SMALL_ANCHORS,
-            num_classes=NUM_CLASSES,
-            ignore_thresh=0.5,
-            true_boxes=given,
-        )
-        expected_total, expected_terms = numpy_loss(
-            oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, given
+        (total, terms), (expected_total, expected_terms) = _loss_and_oracle(
+            targets, oracle_targets, outputs, given, true_boxes=given
         )
         np.testing.assert_allclose(total.numpy()[:, 0], expected_total, rtol=1e-5)
         np.testing.assert_allclose(
@@ -82,10 +96,7 @@ def test_targets_only_fallback_caps_truths_in_level_order():
     rng = np.random.default_rng(5)
     boxes = random_boxes(rng, 2, 6, SIZE, NUM_CLASSES, fill=1.0)
     outputs = _outputs(rng, 2)
-    targets = build_targets(
-        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
-    )
-    oracle_targets = numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
+    targets, oracle_targets = _targets(boxes)
     cap = 2
     first_assigned = np.zeros((2, cap, 4), np.float32)  # corner pixels, in level order
     for image in range(2):
@@ -99,16 +110,8 @@ def test_targets_only_fallback_caps_truths_in_level_order():
         for row, (cx, cy, w, h) in enumerate(cells[:cap]):
             first_assigned[image, row] = np.array([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2])
     first_assigned *= SIZE
-    total, _ = yolo_loss(
-        targets,
-        outputs,
-        anchors=SMALL_ANCHORS,
-        num_classes=NUM_CLASSES,
-        ignore_thresh=0.5,
-        max_true_boxes=cap,
-    )
-    expected, _ = numpy_loss(
-        oracle_targets, outputs, SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS, 0.5, first_assigned
+    (total, _), (expected, _) = _loss_and_oracle(
+        targets, oracle_targets, outputs, first_assigned, max_true_boxes=cap
     )
     np.testing.assert_allclose(total.numpy()[:, 0], expected, rtol=1e-5)
 

@@ -2,11 +2,13 @@
 
 import json
 
+import keras
 import numpy as np
 from helpers import SMALL_ANCHORS
 from record_sets import make_examples, write_record_set
 
-from yolo3.checkpoint.weights import read_metadata
+from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.model.network import tiny_yolo_body
 
 SIZE = 64
 
@@ -45,6 +47,22 @@ def small_record_set(directory, *, train=32, val=8, num_shards=2, seed=0, noise=
     if val:
         splits["val"] = examples(val)
     return write_record_set(directory, splits, num_shards=num_shards)
+
+
+def job_inputs(folder, *, train=8, val=8):
+    """What a test that runs train.py in processes starts from, written into ``folder``:
+    ``(records, anchors, initial)``, a record set of ``train`` and ``val`` noisy records in
+    two shards, an anchors file and tiny-YOLOv3 initial weights for 2 classes.
+
+    The weights are drawn with seed 0: a float16 run from some random initialisations
+    overflows to an infinite loss within a few steps, and the run then rightly stops.
+    """
+    records = small_record_set(folder / "records", train=train, val=val, num_shards=2, noise=20)
+    anchors = write_anchors(folder / "anchors.txt")
+    initial = str(folder / "init.weights.h5")
+    keras.utils.set_random_seed(0)
+    save_weights(tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3)), initial)
+    return records, anchors, initial
 
 
 def train_args(records, log_dir, anchors, *extra):

@@ -52,7 +52,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from yolo3.cli import ArgumentParser, add_model_type_argument, start_tensorflow  # noqa: E402
+from yolo3.cli import (  # noqa: E402
+    ArgumentParser,
+    add_model_type_argument,
+    dataclass_from_args,
+    start_tensorflow,
+)
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
@@ -68,14 +73,17 @@ def _size(text):
     return tuple(sizes)
 
 
-def _report(result, text, json_path):
+def _measure(run, describe, config, args):
+    """Runs one benchmark, ``run(config, ...)``, and prints ``describe(result)``; with
+    ``--json`` also writes the result there. Returns the exit status."""
+    result = run(config, command=args.command, log=_log)
     print()
-    print(text)
-    if json_path:
+    print(describe(result))
+    if args.json:
         from yolo3 import fileio  # noqa: PLC0415
 
-        fileio.write_json(json_path, result)
-        print(f"\nfigures written to {json_path}")
+        fileio.write_json(args.json, result)
+        print(f"\nfigures written to {args.json}")
     return 0
 
 
@@ -87,23 +95,11 @@ def _run_io(args):
     from benchmarks.io_pipeline import IOConfig, format_io, run_io  # noqa: PLC0415
     from yolo3.model.resources import read_anchors  # noqa: PLC0415
 
-    config = IOConfig(
-        anchors=tuple(map(tuple, read_anchors(args.anchors).tolist())),
-        images=args.images,
-        image_hw=args.image_size,
-        input_size=args.input_size,
-        num_classes=args.num_classes,
-        copies=args.copies,
-        batch_size=args.batch_size,
-        batches=args.batches,
-        original_images=args.original_images,
-        repeats=args.repeats,
-        workers_list=tuple(args.workers_list),
-        seed=args.seed,
-        work_dir=args.work_dir,
+    anchors = read_anchors(args.anchors)
+    config = dataclass_from_args(
+        IOConfig, args, anchors=tuple(map(tuple, anchors.tolist())), image_hw=args.image_size
     )
-    result = run_io(config, command=args.command, log=_log)
-    return _report(result, format_io(result), args.json)
+    return _measure(run_io, format_io, config, args)
 
 
 def _add_io(subparsers):
@@ -155,23 +151,17 @@ def _default_anchors(model):
 
 
 def _step_config(args, **extra):
-    """The :class:`benchmarks.train_step.TrainStepConfig` of the shared model flags."""
+    """The :class:`benchmarks.train_step.TrainStepConfig` of the parsed flags: the shared
+    model flags, a subcommand's own step flags where it has them, and ``extra``."""
     from benchmarks.train_step import TrainStepConfig  # noqa: PLC0415
     from yolo3.model.resources import read_anchors  # noqa: PLC0415
 
     anchors = read_anchors(args.anchors or _default_anchors(args.model_type))
-    return TrainStepConfig(
+    return dataclass_from_args(
+        TrainStepConfig,
+        args,
         anchors=tuple(map(tuple, anchors.tolist())),
         model=args.model_type,
-        input_size=args.input_size,
-        batch_size=args.batch_size,
-        num_classes=args.num_classes,
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        repeats=args.repeats,
-        optimizer=args.optimizer,
-        jit_compile=args.jit_compile,
-        seed=args.seed,
         **extra,
     )
 
@@ -185,15 +175,9 @@ def _run_train(args):
     from yolo3.distributed.devices import describe_gpus  # noqa: PLC0415
 
     config = _step_config(
-        args,
-        max_boxes=args.max_boxes,
-        precisions=tuple(args.precisions or default_precisions(describe_gpus())),
-        xla=tuple(args.xla),
-        remat=tuple(args.remat),
-        peak_tflops=args.peak_tflops,
+        args, precisions=tuple(args.precisions or default_precisions(describe_gpus()))
     )
-    result = run_train(config, command=args.command, log=_log)
-    return _report(result, format_train(result), args.json)
+    return _measure(run_train, format_train, config, args)
 
 
 def _add_model_flags(parser, *, input_size, steps, warmup_steps, repeats):
@@ -275,17 +259,8 @@ def _add_train(subparsers):
 def _run_scaling(args):
     from benchmarks.scaling import ScalingConfig, format_scaling, run_scaling  # noqa: PLC0415
 
-    config = ScalingConfig(
-        step=_step_config(args),
-        workers=args.workers,
-        rounds=args.rounds,
-        sync_bn=args.sync_bn,
-        timeout=args.timeout,
-        link=args.link,
-        settings=tuple(args.settings),
-    )
-    result = run_scaling(config, command=args.command, log=_log)
-    return _report(result, format_scaling(result), args.json)
+    config = dataclass_from_args(ScalingConfig, args, step=_step_config(args))
+    return _measure(run_scaling, format_scaling, config, args)
 
 
 def _add_scaling(subparsers):
@@ -373,21 +348,8 @@ def _setting(text):
 def _run_detect(args):
     from benchmarks.detect import DetectConfig, format_detect, run_detect  # noqa: PLC0415
 
-    config = DetectConfig(
-        models=tuple(args.model_types),
-        input_size=args.input_size,
-        batch_sizes=tuple(args.batch_sizes),
-        threads=tuple(args.threads),
-        engines=tuple(args.engines),
-        calls=args.calls,
-        large_calls=args.large_calls,
-        weights=args.weights,
-        records=args.records,
-        seed=args.seed,
-        work_dir=args.work_dir,
-    )
-    result = run_detect(config, command=args.command, log=_log)
-    return _report(result, format_detect(result), args.json)
+    config = dataclass_from_args(DetectConfig, args, models=tuple(args.model_types))
+    return _measure(run_detect, format_detect, config, args)
 
 
 def _add_detect(subparsers):

@@ -8,6 +8,7 @@ traceback; an unexpected error keeps its traceback, because it is a bug to repor
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -263,6 +264,19 @@ def add_progress_arguments(
 
     parser.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto", help=help)
     parser.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
+
+
+def dataclass_from_args(config_class, args, **given):
+    """The ``config_class`` dataclass of parsed ``args``: each field the argument of its name
+    (a list, as ``nargs`` gives it, as a tuple), a field with no such argument at its
+    default, and the fields in ``given`` as given (a flag named otherwise, a value read from
+    a file, a nested config)."""
+    values = dict(given)
+    for field in dataclasses.fields(config_class):
+        if field.name not in values and hasattr(args, field.name):
+            value = getattr(args, field.name)
+            values[field.name] = tuple(value) if isinstance(value, list) else value
+    return config_class(**values)
 
 
 def progress_setting(args):

@@ -26,6 +26,7 @@ from yolo3.cli import (
     ArgumentParser,
     add_progress_arguments,
     argument_type,
+    dataclass_from_args,
     fail,
     output_folder,
     progress_setting,
@@ -156,31 +157,12 @@ def _preprocess(args, parser):
     if missing:
         parser.print_usage(sys.stderr)
         return fail(f"--{', --'.join(missing)} required (or --verify DIR)")
-    augment = AugmentConfig(
-        jitter=args.jitter,
-        scale=tuple(args.scale),
-        flip=args.flip,
-        hue=args.hue,
-        saturation=args.saturation,
-        value=args.value,
-    )
-    config = preprocess.PreprocessConfig(
-        annotations=tuple(args.annotations),
+    config = dataclass_from_args(
+        preprocess.PreprocessConfig,
+        args,
         classes=tuple(read_classes(args.classes)),
-        output=args.output,
-        input_size=args.input_size,
-        copies=args.copies,
-        val_annotations=tuple(args.val_annotations),
-        val_fraction=args.val_fraction,
-        val_per_class=args.val_per_class,
-        min_images_per_class=args.min_images_per_class,
         image_format=args.format,
-        quality=args.quality,
-        seed=args.seed,
-        shard_mb=args.shard_mb,
-        num_shards=args.num_shards,
-        image_root=args.image_root,
-        augment=augment,
+        augment=dataclass_from_args(AugmentConfig, args),
     )
     manifest = preprocess.run(
         config,

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from yolo3 import fileio
 from yolo3.data.image import PAD_VALUE
-from yolo3.inference.postprocess import decode_to_image, letterbox_geometry_tf, postprocess
+from yolo3.inference.postprocess import batched_nms, decode_to_image, letterbox_geometry_tf
 
 FORMATS = ("saved_model", "onnx", "tflite")
 QUANTIZATIONS = ("float16", "int8")
@@ -98,31 +98,30 @@ def serving_function(model, spec, outputs):
 
         return run_heads
 
-    if outputs == "candidates":
-
-        @tf.function(input_signature=[images_spec, hw_spec])
-        def run_candidates(images, image_hw):
-            boxes, scores = decode_to_image(
-                heads(images),
-                anchors,
-                spec.num_classes,
-                image_hw,
-                spec.input_hw,
-                anchor_masks=spec.anchor_masks,
-            )
-            return {"boxes": boxes, "scores": scores}
-
-        return run_candidates
-
-    @tf.function(input_signature=[images_spec, hw_spec])
-    def run_detections(images, image_hw):
-        boxes, scores, classes, counts = postprocess(
+    def candidates(images, image_hw):
+        return decode_to_image(
             heads(images),
             anchors,
             spec.num_classes,
             image_hw,
             spec.input_hw,
             anchor_masks=spec.anchor_masks,
+        )
+
+    if outputs == "candidates":
+
+        @tf.function(input_signature=[images_spec, hw_spec])
+        def run_candidates(images, image_hw):
+            boxes, scores = candidates(images, image_hw)
+            return {"boxes": boxes, "scores": scores}
+
+        return run_candidates
+
+    @tf.function(input_signature=[images_spec, hw_spec])
+    def run_detections(images, image_hw):
+        # postprocess() is these two halves: the candidates, then class-wise NMS.
+        boxes, scores, classes, counts = batched_nms(
+            *candidates(images, image_hw),
             score_threshold=spec.score_threshold,
             iou_threshold=spec.iou_threshold,
             max_detections=spec.max_detections,
