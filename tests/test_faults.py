@@ -236,6 +236,26 @@ def _record_ends(path):
     return np.cumsum([len(record.numpy()) + 16 for record in tf.data.TFRecordDataset(path)])
 
 
+def _train_and_cut(args, first_backup, shard, size):
+    """``yolo3 train args`` in this process, ``shard`` truncated to ``size`` bytes by another
+    thread once ``first_backup`` is written; the exit status."""
+    training_done = threading.Event()
+
+    def cut_after_the_first_backup():
+        while not first_backup.exists():
+            if training_done.wait(0.01):
+                return
+        os.truncate(shard, size)
+
+    cutter = threading.Thread(target=cut_after_the_first_backup)
+    cutter.start()
+    try:
+        return train.main(args)
+    finally:
+        training_done.set()
+        cutter.join()
+
+
 def test_find_damage_names_the_shard_and_the_record(record_set, tmp_path):
     copy = shutil.copytree(record_set[0], tmp_path / "records")
     assert records.find_damage(str(copy)) is None
@@ -272,22 +292,8 @@ def test_a_shard_cut_short_mid_run_ends_it_naming_the_shard_and_the_record(
     args = train_args(
         records_dir, log_dir, record_set[1], "--epochs", "4", "--steps-per-epoch", "6"
     )
-    training_done = threading.Event()
-
-    def cut_short_after_the_first_backup():
-        # Whatever the pipeline has read ahead, epochs 3 and 4 open the shard again.
-        while not first_backup.exists():
-            if training_done.wait(0.01):
-                return
-        os.truncate(shard, (ends[6] + ends[7]) // 2)  # inside record 7
-
-    cutter = threading.Thread(target=cut_short_after_the_first_backup)
-    cutter.start()
-    try:
-        status = train.main(args)
-    finally:
-        training_done.set()
-        cutter.join()
+    # Whatever the pipeline has read ahead, epochs 3 and 4 open the shard again.
+    status = _train_and_cut(args, first_backup, shard, (ends[6] + ends[7]) // 2)  # in record 7
     assert status == 1
     assert _error_lines(capfd.readouterr().err) == [
         f"error: {shard} record 7: cut short (the file ends inside it); the record set changed "
@@ -333,21 +339,7 @@ def test_a_shard_cut_at_a_records_end_is_found_at_the_start_and_at_the_next_epoc
 
     shard.write_bytes(sound)
     first_backup = log_dir / "backup" / "worker-0" / "backup-000000006.weights.h5"
-    training_done = threading.Event()
-
-    def cut_after_the_first_backup():
-        while not first_backup.exists():
-            if training_done.wait(0.01):
-                return
-        os.truncate(shard, ends[6])
-
-    cutter = threading.Thread(target=cut_after_the_first_backup)
-    cutter.start()
-    try:
-        status = train.main(args)
-    finally:
-        training_done.set()
-        cutter.join()
+    status = _train_and_cut(args, first_backup, shard, ends[6])
     assert status == 1
     assert _error_lines(capfd.readouterr().err) == [error_line("training started")]
     # Ended at epoch 2's end, before its backup and checkpoints: epoch 1's are what is left.

@@ -13,7 +13,13 @@ import argparse
 import dataclasses
 import types
 
-from yolo3.cli import add_progress_arguments, on_off, output_folder, progress_setting
+from yolo3.cli import (
+    add_progress_arguments,
+    dataclass_from_args,
+    on_off,
+    output_folder,
+    progress_setting,
+)
 from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.powersgd import COMPRESSIONS
 from yolo3.comm.schemes import communication_from
@@ -409,6 +415,4 @@ def add_arguments(parser):
 
 def from_args(args):
     """The :class:`TrainConfig` of arguments parsed with :func:`add_arguments`' flags."""
-    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)}
-    values["progress"] = progress_setting(args)
-    return TrainConfig(**values)
+    return dataclass_from_args(TrainConfig, args, progress=progress_setting(args))
