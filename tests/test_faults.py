@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import load_tool
+from test_preprocess import _rectangles_dataset, _write_classes
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 from yolo3.checkpoint.weights import read_metadata, save_weights
@@ -126,6 +127,37 @@ def test_writes_that_find_the_disk_full_name_their_file_and_keep_the_last_one(sm
             shutil.copyfile(str(folder / "filler"), temp)
     assert faults.no_space_path(tf.errors.ResourceExhaustedError(None, None, "OOM")) is None
     assert faults.no_space_path(PermissionError(13, "denied", path)) is None
+
+
+def test_preprocessing_into_a_full_disk_says_so_in_one_line_and_the_same_command_finishes(
+    small_disk, tmp_path, capfd
+):
+    folder, resize = small_disk
+    annotations, _ = _rectangles_dataset(tmp_path / "images", 40, np.random.default_rng(0))
+    output = folder / "records"
+    argv = [
+        "--annotations", annotations, "--classes", _write_classes(tmp_path), "--input-size",
+        str(SIZE), "--copies", "3", "--num-shards", "4", "--workers", "1", "--quiet",
+        "--output", str(output),
+    ]  # fmt: skip
+    resize(150 << 10)  # room for two or three of the four shards (about 50 kB each)
+    preprocess = load_tool("preprocess")
+    assert preprocess.main(argv) == 1
+    [line] = [line for line in _error_lines(capfd.readouterr().err) if line.startswith("error")]
+    assert re.fullmatch(
+        rf"error: {re.escape(str(output))}/train-0000\d-of-00004\.tfrecord\.incomplete: no "
+        "space left on device; free some space there, then run the same command again to "
+        "continue where it stopped",
+        line,
+    ), line
+    finished = {path.name: path.read_bytes() for path in output.glob("*.tfrecord")}
+    assert finished and not (output / "manifest.json").exists()
+
+    resize(1 << 20)
+    assert preprocess.main(argv) == 0
+    for name, data in finished.items():  # kept, not written again
+        assert (output / name).read_bytes() == data
+    assert records.verify(str(output)) == ([], {"shards": 4, "records": 160, "boxes": 158})
 
 
 def _file_sizes():

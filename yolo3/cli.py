@@ -13,12 +13,12 @@ import os
 import sys
 import tempfile
 
-from yolo3.engine.faults import RunFailed
+from yolo3.engine.faults import RunFailed, no_space_path, out_of_space
 
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
-# folder goes, a full disk) is their mistake to fix, not a bug to report with a traceback.
-# A job that fills its disk once it is under way raises yolo3.engine.faults.OutOfSpace instead: a
-# run that failed (status 1), which the same command continues once there is room.
+# folder goes) is their mistake to fix, not a bug to report with a traceback. A full disk,
+# met by any tool, is a run that failed (status 1, run_main), which the same command
+# continues once there is room.
 KNOWN_ERRORS = (OSError, ValueError)
 
 
@@ -314,7 +314,13 @@ def run_main(parser, argv, body, *, check=None, errors=KNOWN_ERRORS, failures=()
         return body(args)
     except RunFailed as err:
         return fail(err, status=1)
-    except errors as err:
-        return fail(err)
-    except failures as err:
-        return fail(err, status=1)
+    except Exception as err:
+        # A full disk is no bad input, whichever tool met it: status 1, the file named.
+        path = no_space_path(err)
+        if path is not None:
+            return fail(out_of_space(path or "a write", then="continue where it stopped"), 1)
+        if isinstance(err, errors):
+            return fail(err)
+        if isinstance(err, failures):
+            return fail(err, status=1)
+        raise

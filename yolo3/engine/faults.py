@@ -63,10 +63,16 @@ def out_of_space_fails(folder):
         path = no_space_path(error)
         if path is None:
             raise
-        raise OutOfSpace(
-            f"{path or folder}: no space left on device; free some space there, then run the "
-            "same command again to continue from the last backup"
-        ) from error
+        raise out_of_space(path or folder) from error
+
+
+def out_of_space(path, *, then="continue from the last backup"):
+    """:class:`OutOfSpace` for a write to ``path`` that found its filesystem full; ``then``:
+    what running the same command again does."""
+    return OutOfSpace(
+        f"{path}: no space left on device; free some space there, then run the same command "
+        f"again to {then}"
+    )
 
 
 def damaged_record(damage, records_dir, *, since="training started"):
