@@ -166,6 +166,28 @@ def test_make_strategy_cpu_replicas_needs_the_logical_devices(local_env):
         distribute.make_strategy(gpus=0, cpu_replicas=wanted)
 
 
+def test_a_second_run_in_one_process_gets_the_strategy_whose_collectives_work(local_env, strategy):
+    """Two trainings in one process (a notebook, a loop) build the strategy twice; each
+    MirroredStrategy instance numbers its collectives from the same key, so the second one's
+    all-reduce of another shape failed (tensorflow#62790)."""
+    from conftest import NUM_LOGICAL_CPUS
+
+    def all_reduce(strategy, size):
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            value = tf.fill([size], tf.cast(context.replica_id_in_sync_group, tf.float32))
+            return context.all_reduce("sum", value)
+
+        return strategy.experimental_local_results(tf.function(lambda: strategy.run(replica_fn))())
+
+    first_run = distribute.make_strategy(gpus=0, cpu_replicas=NUM_LOGICAL_CPUS)
+    assert first_run is strategy  # the tests' own, built the same way
+    all_reduce(first_run, 3)
+    second_run = distribute.make_strategy(gpus=0, cpu_replicas=NUM_LOGICAL_CPUS)
+    summed = all_reduce(second_run, 5)  # another shape at the same place in the sequence
+    np.testing.assert_array_equal(summed[-1], np.full(5, sum(range(NUM_LOGICAL_CPUS))))
+
+
 def test_configure_devices_after_initialisation_says_when_to_call_it():
     tf.config.list_logical_devices("CPU")  # makes sure the runtime is up
     with pytest.raises(RuntimeError, match="before building any model"):

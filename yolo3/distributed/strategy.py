@@ -199,6 +199,13 @@ def default_slurm_port_base(env=None):
     return int(text)
 
 
+# One MirroredStrategy per device set and process. Each instance numbers its collectives
+# from the same first key, and TensorFlow keeps a collective's shape by key for the whole
+# process: a second instance's all-reduce meets the first one's shapes ("Shape mismatch in
+# the collective instance N", tensorflow#62790) when a notebook or a loop trains twice.
+_MIRRORED = {}
+
+
 def make_strategy(
     *, gpus, cpu_replicas=None, slurm_port_base=8888, gpu_names=None, communication=None
 ):
@@ -253,7 +260,10 @@ def make_strategy(
                 f"configure_devices(cpu_replicas={count}) before building any model"
             )
     if kind in (StrategyKind.MIRRORED_CPUS, StrategyKind.MIRRORED_GPUS):
-        return tf.distribute.MirroredStrategy(mirrored_devices(choice))
+        devices = tuple(mirrored_devices(choice))
+        if devices not in _MIRRORED:
+            _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+        return _MIRRORED[devices]
     if kind is StrategyKind.CPU and gpu_names:
         try:
             tf.config.set_visible_devices([], "GPU")
