@@ -1,0 +1,102 @@
+"""Every pair of training options trains and resumes, or is refused before the first step
+in one line naming both sides (:mod:`yolo3.engine.combinations`, the one table of refusals).
+
+A pair at a time would be 55 trainings; rows of options that hold every pair not refused
+(a pairwise covering array) are four, each trained for an epoch of two steps and resumed to
+a second, all in one process (tests/combinations_run.py) on 64 px records: two rows on two
+replicas, two on one device with XLA, which several replicas refuse.
+Each refusal of the table is met once, with flags that meet it, and its line must name what
+the table says. The training guide prints the table (checked here too).
+"""
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from train_helpers import small_record_set, train_args, write_anchors
+
+from yolo3.engine.combinations import OPTIONS, REFUSED, markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+SHARED = ("accumulation", "bfloat16 all-reduce", "dense warm-up", "multi-scale")
+ROWS = {  # name: (replicas, options)
+    "PowerSGD": (
+        2, (*SHARED, "PowerSGD", "remat", "mixed precision", "freezing", "sync BN off"),
+    ),
+    "local steps": (
+        2, (*SHARED, "local steps, overlapped", "remat", "mixed precision", "freezing",
+            "sync BN off"),
+    ),
+    "XLA, PowerSGD": (
+        1, (*SHARED, "XLA", "PowerSGD", "remat", "mixed precision", "freezing", "sync BN off"),
+    ),
+    "XLA, local steps": (1, ("XLA", "local steps, overlapped")),
+}  # fmt: skip
+# The one pair no row can hold: the table's first refusal.
+APART = {frozenset({"PowerSGD", "local steps, overlapped"})}
+
+
+def test_the_rows_hold_every_pair_that_is_not_refused():
+    covered = {
+        frozenset(pair)
+        for _, options in ROWS.values()
+        for pair in itertools.combinations(options, 2)
+    }
+    every = {frozenset(pair) for pair in itertools.combinations(OPTIONS, 2)}
+    assert every - APART <= covered, sorted(map(sorted, every - APART - covered))
+    assert not covered & APART
+
+
+def test_the_training_guide_prints_the_table():
+    guide = (ROOT / "docs" / "guides" / "training.md").read_text(encoding="utf-8")
+    assert markdown_table() in guide
+
+
+def test_every_row_trains_and_resumes_and_every_refusal_is_one_line(tmp_path):
+    records = small_record_set(tmp_path / "records", train=16, val=0, num_shards=2)
+    anchors = write_anchors(tmp_path / "anchors.txt")
+    base = train_args(records, tmp_path / "unused", anchors, "--steps-per-epoch", "2")
+    base += ["--batch-size", "2"]
+    jobs = [
+        {
+            "name": name,
+            "flags": [flag for option in options for flag in OPTIONS[option]],
+            "replicas": replicas,
+            "train": True,
+            "log_dir": str(tmp_path / f"row-{index}"),
+        }
+        for index, (name, (replicas, options)) in enumerate(ROWS.items())
+    ]
+    jobs += [
+        {
+            "name": f"{refusal.first} with {refusal.second}",
+            "flags": list(refusal.example),
+            "replicas": refusal.replicas,
+            "train": False,
+            "log_dir": str(tmp_path / f"refused-{index}"),
+        }
+        for index, refusal in enumerate(REFUSED)
+    ]
+    spec = tmp_path / "jobs.json"
+    spec.write_text(json.dumps({"base": base, "jobs": jobs}))
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "combinations_run.py"), str(spec)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert [result["name"] for result in results] == [job["name"] for job in jobs]
+
+    for result in results[: len(ROWS)]:
+        assert result["statuses"] == [0, 0], result
+        assert result["epoch"] == 2 and result["finite"], result
+    for result, refusal in zip(results[len(ROWS) :], REFUSED):
+        assert result["statuses"] == [2], result
+        [[line]] = result["errors"]
+        for named in refusal.named:
+            assert named in line, (named, line)
