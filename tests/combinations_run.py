@@ -4,8 +4,9 @@ driver of tests/test_combinations.py (one process for all of them: TensorFlow st
 Usage: python combinations_run.py JOBS.json
 
 JOBS.json: ``{"base": [flags every run gets], "jobs": [{"name", "flags", "replicas",
-"train"}]}``. A job with ``train`` runs one epoch, then ``--resume`` to a second; one
-without runs once, expecting a refusal. Prints one JSON line per job: its name, each run's
+"train", "resume"}]}``. A job with ``resume`` runs one epoch, then ``--resume`` to a
+second; one with ``train`` alone runs both epochs at once; one with neither runs once,
+expecting a refusal. Prints one JSON line per job: its name, each run's
 exit status and error lines, and the losses the checkpoint of its last epoch recorded.
 """
 
@@ -41,8 +42,11 @@ def run_job(base, job):
         flags += ["--cpu-replicas", str(job["replicas"])]
     argv = [*base, "--log-dir", str(log_dir), *flags]
     started = time.perf_counter()
-    runs = [_train([*argv, "--epochs", "1"])]
-    if job["train"] and runs[0][0] == 0:
+    if job["train"] and not job["resume"]:
+        runs = [_train([*argv, "--epochs", "2"])]
+    else:
+        runs = [_train([*argv, "--epochs", "1"])]
+    if job["resume"] and runs[0][0] == 0:
         runs.append(_train([*argv, "--epochs", "2", "--resume"]))
     losses = []
     last = log_dir / "checkpoints" / "last.weights.h5"
