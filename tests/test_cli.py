@@ -406,3 +406,19 @@ def test_yolo3_command_lists_its_commands_and_refuses_an_unknown_one(capsys):
     assert commands.main(["trian", "--records", "r"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1] == f"yolo3: error: unknown command 'trian': choose from {', '.join(COMMANDS)}"
+
+
+def test_a_tools_bad_input_is_one_line_without_starting_tensorflow():
+    # Every tool's error passes the full-disk check of run_main; a tool that never imports
+    # TensorFlow must not import it there (seconds of start-up, on every mistyped path).
+    script = (
+        "import sys\n"
+        "from yolo3 import cli\n"
+        "def body(args):\n"
+        "    raise ValueError('--thing 3: use 1 or 2')\n"
+        "status = cli.run_main(cli.ArgumentParser(), [], body)\n"
+        "print(status, 'tensorflow' in sys.modules)\n"
+    )
+    completed = _run_python("-c", script)
+    assert completed.stdout.split() == ["2", "False"], completed.stderr[-2000:]
+    assert completed.stderr.strip() == "error: --thing 3: use 1 or 2"

@@ -13,6 +13,7 @@ stays light.
 
 import contextlib
 import re
+import sys
 
 from yolo3.fileio import NO_SPACE_ERRNOS
 
@@ -43,9 +44,10 @@ def no_space_path(error):
     """
     if isinstance(error, OSError):
         return (error.filename or "") if error.errno in NO_SPACE_ERRNOS else None
-    import tensorflow as tf  # noqa: PLC0415 - see the module docstring
-
-    if isinstance(error, tf.errors.ResourceExhaustedError):
+    # A TensorFlow error comes only from a process that imported it: every tool's error
+    # passes here (yolo3.cli.run_main), and those that never start TensorFlow stay light.
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(error, tf.errors.ResourceExhaustedError):
         match = _TF_NO_SPACE.search(error.message)
         return match.group("path").strip() if match else None
     return None
@@ -73,6 +75,17 @@ def out_of_space(path, *, then="continue from the last backup"):
         f"{path}: no space left on device; free some space there, then run the same command "
         f"again to {then}"
     )
+
+
+def check_record_sets(record_sets, *, since="training started"):
+    """Raises :class:`DamagedRecord` for the first of ``record_sets`` whose shards are not
+    the sizes its manifest says (one ``stat`` a shard), naming the shard, and the record
+    that cannot be read where there is one; ``since``: when the set was still sound."""
+    from yolo3.data import records  # noqa: PLC0415 - see the module docstring
+
+    for record_set in record_sets:
+        if records.changed_shards(record_set):
+            raise damaged_record(records.find_damage(record_set), record_set.directory, since=since)
 
 
 def damaged_record(damage, records_dir, *, since="training started"):
