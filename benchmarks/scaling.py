@@ -101,8 +101,7 @@ class ScalingConfig:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
         if self.workers < 2:
             raise ValueError(f"--workers {self.workers}: compare at least 2 with 1 process")
-        if self.rounds < 1:
-            raise ValueError(f"--rounds {self.rounds} must be >= 1")
+        harness.check_counts({"--rounds": self.rounds})
 
 
 class WindowTimer(keras.callbacks.Callback):

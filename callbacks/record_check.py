@@ -2,7 +2,6 @@
 
 import keras
 
-from yolo3.data import records
 from yolo3.engine import faults
 
 
@@ -25,7 +24,4 @@ class RecordSetCheck(keras.callbacks.Callback):
         self.record_sets = list(record_sets)
 
     def on_epoch_end(self, epoch, logs=None):
-        for record_set in self.record_sets:
-            if records.changed_shards(record_set):
-                damage = records.find_damage(record_set)
-                raise faults.damaged_record(damage, record_set.directory)
+        faults.check_record_sets(self.record_sets)

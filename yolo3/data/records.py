@@ -362,6 +362,9 @@ def verify(records_dir, *, check_checksums=True):
     return problems, counts
 
 
+MISSING = "missing, though the manifest lists it"
+
+
 def changed_shards(record_set):
     """``(shard path, problem)`` for each shard of ``record_set`` that is missing or whose
     size is not the manifest's, in manifest order: the cheap check (one ``stat`` a shard)
@@ -372,7 +375,7 @@ def changed_shards(record_set):
         entries = record_set.manifest["splits"][split]["shards"]
         for entry, path in zip(entries, record_set.shard_paths(split)):
             if not fileio.exists(path):
-                changed.append((path, "missing, though the manifest lists it"))
+                changed.append((path, MISSING))
                 continue
             size = tf.io.gfile.stat(path).length
             if size != entry["bytes"]:
@@ -393,7 +396,7 @@ def find_damage(record_set):
     record_set = open_record_set(record_set)
     changed = changed_shards(record_set)
     for path, problem in changed:
-        if not fileio.exists(path):
+        if problem == MISSING:
             return path, None, problem
     resized = [path for path, _ in changed]
     every = [

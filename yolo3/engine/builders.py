@@ -160,13 +160,7 @@ def read_data(config):
     data = RunData(
         record_set, _validation_source(config, record_set), read_anchors(anchors_file(config))
     )
-    for source in data.record_sets:
-        changed = records.changed_shards(source)
-        if changed:
-            path, problem = changed[0]
-            raise faults.damaged_record(
-                (path, None, problem), source.directory, since="it was written"
-            )
+    faults.check_record_sets(data.record_sets, since="it was written")
     return data
 
 
