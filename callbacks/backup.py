@@ -10,8 +10,9 @@ Each folder keeps the two newest backups, ``backup-<step>.weights.h5``. Workers 
 same steps, and no worker can get more than one save ahead of another (the next step's
 all-reduce waits for all), so when a job dies during a save the step that every worker has
 is among each one's two. :meth:`WorkerBackup.restore` finds that step with one collective,
-loads it, and broadcasts the chief's weights and optimizer state, so that the workers start
-bit for bit alike; ``training.run`` then continues from that very step, also mid-epoch.
+loads it, and broadcasts the chief's weights and optimizer state (all the communication
+scheme says the workers share), so that the workers start bit for bit alike;
+``training.run`` then continues from that very step, also mid-epoch.
 """
 
 import collections
@@ -90,9 +91,9 @@ class WorkerBackup(keras.callbacks.Callback):
             return None
         path = found[step]
         trainer.load_weights(path)
-        distribute.broadcast_from_chief(
-            strategy, list(trainer.variables) + list(trainer.optimizer.variables)
-        )
+        # What the workers hold alike comes from the chief, bit for bit; what each holds on
+        # its own (local steps' optimizer slots) from its own backup.
+        distribute.broadcast_from_chief(strategy, trainer.communication.shared_variables(trainer))
         metadata = read_metadata(path)
         position = self._position(metadata, step)
         for newer, newer_path in found.items():

@@ -13,9 +13,11 @@ class LocalSync(keras.callbacks.Callback):
     there and are applied ``T`` steps later (:meth:`~yolo3.comm.local_steps.LocalStepsState.land`).
 
     At the end of each epoch (before validation, mAP and the checkpoints) and after any
-    step that ``backup`` saves, the synchronisation is a full one: the inner optimizer's
-    state is averaged too, so that what is saved is one state for every replica and a
-    resumed run continues as the uninterrupted one. Runs before the callbacks that save.
+    step that ``backup`` saves, the synchronisation is a full one: nothing is left in
+    flight, and the replicas of each process share the inner optimizer's state (each
+    worker keeps its own: see :mod:`yolo3.comm.local_steps`), so that what a worker saves
+    is its state and a run resumed from the backups continues as the uninterrupted one.
+    Runs before the callbacks that save.
 
     Args:
         state: the trainer's :class:`yolo3.comm.local_steps.LocalStepsState`.

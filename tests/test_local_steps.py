@@ -15,6 +15,7 @@ from test_compression import _max_difference, _wait, _worker, assert_trained_ali
 from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_train_distributed import _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, small_record_set, train_args
+from train_worker import SNAPSHOT_ENV
 
 from yolo3.callbacks import LocalSync
 from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
@@ -384,47 +385,55 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
-def test_two_workers_with_local_steps_end_identical(setup, tmp_path, overlap):
+def test_two_workers_with_overlapped_local_steps_end_identical(setup, tmp_path):
     records, anchors, initial = setup
-    # Three steps, H = 2: overlapped with T = 1, step 3 sends step 2's changes between the
-    # workers and applies them; then every step's collective sends nothing.
+    # Three steps, H = 2, T = 1: step 3 sends step 2's changes between the workers and
+    # applies them; then every step's collective sends nothing. (Blocking: the resume test
+    # of two workers below.)
     flags = ["--epochs", "1", "--steps-per-epoch", "3", "--flip", "0", "--sync-bn", "off"]
     flags += ["--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
-    flags += ["--allreduce-dtype", "bfloat16"] + (["--overlap-sync", "1"] if overlap else [])
+    flags += ["--allreduce-dtype", "bfloat16", "--overlap-sync", "1"]
     log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *flags))
-    when = "every 2 steps" + (", sent during the next 1 step" if overlap else "")
+    when = "every 2 steps, sent during the next 1 step"
     assert f"all-reduce none in the step; weight changes {when} in bfloat16" in log
     assert "outer lr 0.7, Nesterov momentum 0.9" in log
-    start = assert_trained_alike(tmp_path / "dump", initial)
+    assert_trained_alike(tmp_path / "dump", initial)
     config = training.read_config(str(tmp_path / "job/config.json"))
     assert (config.local_steps, config.outer_lr, config.outer_momentum) == (2, 0.7, 0.9)
-    assert config.overlap_sync == (1 if overlap else None)
+    assert config.overlap_sync == 1
     assert config.sync_bn is False
-    with h5py.File(tmp_path / "job/checkpoints/state.weights.h5", "r") as f:
-        buffers = f["layers/local_steps_state/vars"]
-        assert len(buffers) == len(start.weights) + 1  # and the outer step's settings
-        assert max(float(np.abs(buffers[k][()]).max()) for k in buffers) > 0
+
+
+# Three steps per epoch and H = 2: the first run stops at step 3, one step into a cycle,
+# and its epoch-end save is a full synchronisation that the uninterrupted run makes at the
+# same step. SGD with momentum: its slots are each replica's own between synchronisations.
+RESUMED = ["--steps-per-epoch", "3", "--flip", "0", "--shuffle-buffer", "1"]
+RESUMED += ["--lr-schedule", "constant", "--sync-bn", "off"]
+RESUMED += ["--local-steps", "2", "--outer-lr", "0.8", "--outer-momentum", "0.5"]
+
+
+def _assert_resumed_as_uninterrupted(whole, resumed):
+    weights, whole_dump = _weights(whole)
+    resumed_weights, resumed_dump = _weights(resumed)
+    assert int(resumed_dump["step"]) == int(whole_dump["step"]) == 6
+    assert int(resumed_dump["epochs_this_run"]) == 1
+    difference = _max_difference(weights, resumed_weights)
+    print(f"\nresumed vs uninterrupted: {difference:.1e}")
+    # Bitwise equal when measured: each replica resumes with the state it saved.
+    assert difference <= 1e-6
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlapped"])
-def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_one(
-    setup, tmp_path, overlap
+def test_overlapped_replicas_resumed_between_synchronisations_continue_as_uninterrupted(
+    setup, tmp_path
 ):
     _, anchors, initial = setup
     # One shard: the shards' order is drawn anew on each pass over the data, which changes
     # which replica trains on which images after a restart. With one, each step's two
-    # halves are the same images in both runs.
+    # halves are the same images in both runs. Two replicas of one process: the epoch-end
+    # save averages their slots in memory and lands the changes still in flight.
     records = small_record_set(tmp_path / "records", train=8, val=0, num_shards=1, noise=20)
-    # Three steps per epoch and H = 2: the first run stops at step 3, one step into a
-    # cycle, and its epoch-end save is a full synchronisation that the uninterrupted run
-    # makes at the same step. SGD with momentum: its slots are averaged there. Overlapped,
-    # that save lands the changes still in flight.
-    fixed = ["--steps-per-epoch", "3", "--flip", "0", "--shuffle-buffer", "1"]
-    fixed += ["--lr-schedule", "constant", "--sync-bn", "off", "--cpu-replicas", "2"]
-    fixed += ["--local-steps", "2", "--outer-lr", "0.8", "--outer-momentum", "0.5"]
-    fixed += ["--overlap-sync", "2"] if overlap else []
+    fixed = [*RESUMED, "--cpu-replicas", "2", "--overlap-sync", "2"]
 
     def args(name, epochs, *extra):
         return _sgd_args(
@@ -434,14 +443,52 @@ def test_a_run_resumed_between_synchronisations_continues_as_an_uninterrupted_on
     # "half": the uninterrupted run's folder as it stood after epoch 1 (test_compression).
     _wait([_worker(tmp_path / "whole", args("whole", 2), snapshot=(1, tmp_path / "half"))])
     _wait([_worker(tmp_path / "resumed", args("half", 2, "--resume"))])
-    weights, whole_dump = _weights(tmp_path / "whole/worker-0.npz")
-    resumed, resumed_dump = _weights(tmp_path / "resumed/worker-0.npz")
-    assert int(resumed_dump["step"]) == int(whole_dump["step"]) == 6
-    assert int(resumed_dump["epochs_this_run"]) == 1
-    difference = _max_difference(weights, resumed)
-    print(f"\nresumed vs uninterrupted: {difference:.1e}")
-    # Bitwise equal when measured: every saved state is one state for both replicas.
-    assert difference <= 1e-6
+    _assert_resumed_as_uninterrupted(
+        tmp_path / "whole/worker-0.npz", tmp_path / "resumed/worker-0.npz"
+    )
+
+
+def _momentum_slots(path):
+    with h5py.File(path, "r") as f:
+        group = f["optimizer/vars"]
+        return [group[k][()] for k in sorted(group, key=int) if group[k].ndim >= 1]
+
+
+@pytest.mark.slow
+def test_two_workers_keep_their_own_optimizer_state_and_resume_from_it(
+    setup, tmp_path, monkeypatch
+):
+    _, anchors, initial = setup
+    # Two shards of 4 images, one a worker: each step of a worker is its whole shard, in
+    # the same order after a restart.
+    records = small_record_set(tmp_path / "records", train=8, val=0, num_shards=2, noise=20)
+    monkeypatch.setenv(SNAPSHOT_ENV, f"1:{tmp_path / 'half'}")
+    flags = ["--epochs", "2", *RESUMED, "--allreduce-dtype", "bfloat16"]
+    log = _run(_launch(tmp_path / "whole", tmp_path / "job", records, anchors, initial, *flags))
+    when = "every 2 steps in bfloat16"
+    assert f"all-reduce none in the step; weight changes {when}" in log
+    assert "outer lr 0.8, Nesterov momentum 0.5" in log
+    start = assert_trained_alike(tmp_path / "whole", initial)
+    config = training.read_config(str(tmp_path / "job/config.json"))
+    assert (config.local_steps, config.overlap_sync, config.sync_bn) == (2, None, False)
+    with h5py.File(tmp_path / "job/checkpoints/state.weights.h5", "r") as f:
+        buffers = f["layers/local_steps_state/vars"]
+        assert len(buffers) == len(start.weights) + 1  # and the outer step's settings
+        assert max(float(np.abs(buffers[k][()]).max()) for k in buffers) > 0
+    monkeypatch.delenv(SNAPSHOT_ENV)
+    # The epoch-end synchronisation sent the weights' change, not the optimizer's state:
+    # each worker's backup holds its own momentum.
+    backups = [tmp_path / f"half/backup/worker-{i}/backup-000000003.weights.h5" for i in (0, 1)]
+    own = [_momentum_slots(path) for path in backups]
+    assert own[0] and _max_difference(*own) > 1e-6
+    # Each worker resumes from its own backup (the chief's would not match the run that
+    # went on): the resumed job ends where the uninterrupted one did, on both workers.
+    flags += ["--resume"]
+    _run(_launch(tmp_path / "resumed", tmp_path / "half", records, anchors, initial, *flags))
+    for index in (0, 1):
+        _assert_resumed_as_uninterrupted(
+            tmp_path / f"whole/worker-{index}.npz", tmp_path / f"resumed/worker-{index}.npz"
+        )
 
 
 @pytest.mark.parametrize(

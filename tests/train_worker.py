@@ -27,19 +27,42 @@ PROBE_SEED = 123
 SNAPSHOT_ENV = "SNAPSHOT_AFTER_EPOCH"
 
 
+def _worker_index():
+    """This worker's index in the job (TF_CONFIG's task), 0 for a single process."""
+    return json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+
+
 def _snapshot_after_epoch(epoch, log_dir, folder):
     """Every fit of the trainer ends its callbacks with one that copies ``log_dir`` to
-    ``folder`` at the end of epoch ``epoch`` (1-based), after the others have saved."""
+    ``folder`` at the end of epoch ``epoch`` (1-based), after the others have saved. In a
+    job of several workers each copies its own backups, and the chief the rest."""
     import shutil
 
     import keras
 
     from yolo3.engine.trainer import YoloTrainer
 
+    index = _worker_index()
+    own = f"worker-{index}"
+
+    def others_backups(directory, names):
+        if os.path.basename(directory) != "backup":
+            return []
+        return [n for n in names if n.startswith("worker-") and n != own]
+
     class Snapshot(keras.callbacks.Callback):
-        def on_epoch_end(self, index, logs=None):
-            if index + 1 == epoch:
-                shutil.copytree(log_dir, folder)
+        def on_epoch_end(self, done, logs=None):
+            if done + 1 != epoch:
+                return
+            if index == 0:
+                shutil.copytree(log_dir, folder, ignore=others_backups, dirs_exist_ok=True)
+            else:
+                backups = os.path.join("backup", own)
+                shutil.copytree(
+                    os.path.join(log_dir, backups),
+                    os.path.join(folder, backups),
+                    dirs_exist_ok=True,
+                )
 
     fit = YoloTrainer.fit
 
@@ -71,7 +94,7 @@ def main():
     # A multi-scale body takes any size: probe at the records' size.
     size = body.input_shape[1] or records.open_record_set(config.records).input_hw[0]
     outputs = body(probe_images(size))
-    index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+    index = _worker_index()
     arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(body.get_weights())}
     arrays.update({f"p{i}": np.asarray(o) for i, o in enumerate(outputs)})
     arrays["step"] = int(result.trainer.optimizer.iterations.value.numpy())

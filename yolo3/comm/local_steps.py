@@ -20,10 +20,16 @@ between synchronisations, as in DiLoCo.
 The synchronisation is a compiled function of its own, called between train steps by
 :class:`yolo3.callbacks.LocalSync` (a collective cannot sit in a conditional branch of the
 step). That callback also synchronises at every epoch end and before every backup or
-checkpoint, and there additionally averages the inner optimizer's state (a *full*
-synchronisation, in float32): every saved state is then one state shared by all replicas,
-the ``H``-step count restarts from it, and a run resumed from it continues as the
-uninterrupted run did.
+checkpoint (a *full* synchronisation): every replica then holds the same weights, with
+nothing in flight, and the ``H``-step count restarts. The inner optimizer's state stays
+each worker's own there too: it never crosses the network (Adam's two moments in float32
+are four times the weights' bfloat16 change: 14 s of a 100 Mbit/s link at every epoch end
+for tiny YOLOv3). Only the replicas of one process average it, through memory, since a
+worker's file holds one copy of each slot. Each worker's backup holds its own state and a
+restore from backups loads each worker's own (:class:`yolo3.callbacks.WorkerBackup`), so
+a run resumed from them continues as the uninterrupted run did; the chief's
+``state.weights.h5`` holds the chief's, which every worker starts from after ``--resume``
+from a finished run.
 
 With ``overlap`` (``--overlap-sync T``) no synchronisation waits for the link. At the end
 of each period of ``H`` steps each replica's weight change (``delta_i``) goes out, and it
@@ -63,6 +69,12 @@ def sync_bytes(variables, dtype="float32"):
     return elements * BYTES_PER_ELEMENT[dtype]
 
 
+def optimizer_slots(variables):
+    """The inner optimizer's slots among its ``variables``: the float ones of rank >= 1
+    (momentum, Adam's moments), not the step counter or the learning rate."""
+    return tuple(v for v in variables if _is_float(v) and len(v.shape) >= 1)
+
+
 def local_reducer(grads_and_vars):
     """Keras's ``_all_reduce_sum_gradients`` without the all-reduce: each replica's own
     local mean gradient. Keras scaled each replica's loss by ``1 / replicas`` for a sum
@@ -92,6 +104,23 @@ def _tensor(variable):
 
 def _distributed(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _assign(strategy, variable, value):
+    """Each replica's copy of ``variable`` takes that replica's ``value`` (cross-replica
+    context)."""
+    strategy.extended.update(
+        _distributed(variable), lambda v, x: v.assign(x), args=(value,), group=False
+    )
+
+
+def _average_locally(strategy, variable):
+    """The copies of ``variable`` on this process's replicas take their mean: memory only,
+    nothing crosses to other workers (cross-replica context)."""
+    copies = strategy.experimental_local_results(_distributed(variable))
+    if len(copies) > 1:
+        mean = tf.add_n([tf.identity(c) for c in copies]) / len(copies)
+        _assign(strategy, variable, mean)
 
 
 class LocalStepsState(keras.layers.Layer):
@@ -207,13 +236,14 @@ class LocalStepsState(keras.layers.Layer):
         """All-reduces the weight changes and applies the outer step on every replica.
 
         ``optimizer_variables`` (a full synchronisation): those of them that are float
-        tensors of rank >= 1 (the inner optimizer's slots) are averaged too, in float32;
-        with ``overlap``, the changes in flight arrive first, and every replica ends at the
+        tensors of rank >= 1 (the inner optimizer's slots) are averaged over this process's
+        replicas, in memory (never across workers: see the module's docstring); with
+        ``overlap``, the changes in flight arrive first, and every replica ends at the
         same weights. Without them and with ``overlap``, nothing travels here: the previous
         period's mean arrived during the steps (:meth:`exchange`). Every worker must call
         it at the same step.
         """
-        slots = tuple(v for v in optimizer_variables if _is_float(v) and len(v.shape) >= 1)
+        slots = optimizer_slots(optimizer_variables)
         full = bool(optimizer_variables)
         kind = "sync"
         if self.overlap and full and self.in_flight:
@@ -275,23 +305,19 @@ class LocalStepsState(keras.layers.Layer):
             elif kind == "send":
                 replica_fn = self._replica_send
             elif kind in ("land", "full"):
-                replica_fn = lambda: self._replica_land(trainable, slots, full=kind == "full")  # noqa: E731
+                replica_fn = lambda: self._replica_land(trainable, full=kind == "full")  # noqa: E731
             else:
-                replica_fn = lambda: self._replica_sync(trainable, slots)  # noqa: E731
-            targets = self._weights_synced + list(slots)
+                replica_fn = lambda: self._replica_sync(trainable)  # noqa: E731
 
             @tf.function
             def function():
                 values = strategy.run(replica_fn)
                 if kind in ("reset", "send"):
                     return
-                for variable, value in zip(targets, values):
-                    strategy.extended.update(
-                        _distributed(variable),
-                        lambda v, x: v.assign(x),
-                        args=(value,),
-                        group=False,
-                    )
+                for variable, value in zip(self._weights_synced, values):
+                    _assign(strategy, variable, value)
+                for slot in slots:
+                    _average_locally(strategy, slot)
 
             self._functions[key] = function
         return self._functions[key]
@@ -340,14 +366,10 @@ class LocalStepsState(keras.layers.Layer):
             new_anchors.append(value)
         return new_anchors
 
-    def _averaged_slots(self, slots):
-        return self._mean([_tensor(s) for s in slots], "float32") if slots else []
-
-    def _replica_sync(self, trainable, slots):
+    def _replica_sync(self, trainable):
         anchors = [tf.identity(a) for a in self.anchors]
         deltas = [a - _tensor(w) for a, w in zip(anchors, self._weights_synced)]
-        new_values = self._outer_step(trainable, anchors, self._mean(deltas))
-        return new_values + self._averaged_slots(slots)
+        return self._outer_step(trainable, anchors, self._mean(deltas))
 
     def _pieces(self, rows):
         """The per-weight tensors of a flat ``(T, chunk)`` buffer."""
@@ -366,7 +388,7 @@ class LocalStepsState(keras.layers.Layer):
         self.sent.assign(self._rows(changes))
         self.position.assign(0)
 
-    def _replica_land(self, trainable, slots, *, full):
+    def _replica_land(self, trainable, *, full):
         """The outer step with the mean of the change in flight (all arrived, or with
         ``full`` sent now in one piece); each replica goes on from the new anchor with its
         own steps since the change was sent, or with ``full`` everyone from the anchor
@@ -385,9 +407,7 @@ class LocalStepsState(keras.layers.Layer):
         anchors = self._outer_step(trainable, anchors, means)
         self.position.assign(self.overlap_steps)
         if full:
-            return self._outer_step(trainable, anchors, self._mean(since)) + (
-                self._averaged_slots(slots)
-            )
+            return self._outer_step(trainable, anchors, self._mean(since))
         return [a - d for a, d in zip(anchors, since)]
 
     # -- checkpoints -------------------------------------------------------------------

@@ -24,6 +24,8 @@ The interface, in the order a run calls it:
   ``fit``, first in the list (after ``compile``).
 - ``bytes_per_step(body)``, ``describe(body)``, ``all_reduces_in_step``, ``dtype``: what a
   run logs and decides from it (the sync-BN default).
+- ``shared_variables(trainer)``: the trainer's variables that every worker holds alike,
+  which a restore from backups sets to the chief's.
 
 An object holds the state it built for one trainer: make one per trainer.
 """
@@ -33,7 +35,12 @@ from yolo3.comm.allreduce import (
     check_allreduce_dtype,
     install_gradient_reducer,
 )
-from yolo3.comm.local_steps import LocalStepsState, install_local_reducer, sync_bytes
+from yolo3.comm.local_steps import (
+    LocalStepsState,
+    install_local_reducer,
+    optimizer_slots,
+    sync_bytes,
+)
 from yolo3.comm.powersgd import (
     COMPRESSIONS,
     FLOAT16_REFUSAL,
@@ -91,6 +98,10 @@ class Communication:
         """
         del backup, epoch_ends
         return []
+
+    def shared_variables(self, trainer):
+        """The variables every worker holds alike: the trainer's and its optimizer's."""
+        return list(trainer.variables) + list(trainer.optimizer.variables)
 
     def default_sync_bn(self, replicas):
         """Synchronised batch norm when no flag says: on with more than one replica, unless
@@ -211,6 +222,13 @@ class LocalSteps(Communication):
 
         return [LocalSync(self.state, backup, epoch_ends=epoch_ends, status=self.status)]
 
+    def shared_variables(self, trainer):
+        """All but the inner optimizer's slots, which stay each worker's own
+        (:mod:`yolo3.comm.local_steps`)."""
+        slots = {id(v) for v in optimizer_slots(trainer.optimizer.variables)}
+        shared = [v for v in trainer.optimizer.variables if id(v) not in slots]
+        return list(trainer.variables) + shared
+
     def bytes_per_step(self, body):
         return sync_bytes(body.weights, self.dtype) / self.steps
 
@@ -292,6 +310,9 @@ class DenseWarmup(Communication):
 
     def callbacks(self, backup=None, *, epoch_ends=True):
         return self.then.callbacks(backup, epoch_ends=epoch_ends)
+
+    def shared_variables(self, trainer):
+        return self.then.shared_variables(trainer)
 
     def bytes_per_step(self, body):
         """``then``'s: the bytes once the warm-up is over."""
