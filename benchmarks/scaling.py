@@ -21,15 +21,23 @@ Scaling efficiency = (two-worker images/s) / (2 x one-process images/s). Beside 
 ceiling: two independent processes training at once, without communication (cores that
 compute together share memory bandwidth and clock, so this is below 2 x one process).
 
+Each timed epoch is ``steps`` optimizer steps and ends as a training run's does: with local
+steps, a full synchronisation. Two figures come from it: by **step time**, the steps after
+an epoch's first up to its last, the synchronisations every H steps among them, the epoch
+end's not (the steady rate, as before); by **wall time**, whole epochs, from their start to
+their end, the epoch end's synchronisation and whatever else runs between steps included:
+what a user waits for.
+
 ``settings`` runs the workers once per (micro-batches per step, all-reduce dtype, PowerSGD
 rank or 0 for none, local steps H or 0 for none, overlapped synchronisation) setting,
 side by side with the same one-process baseline (one micro-batch, no all-reduce). ``link``
 (a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
 too, in a network namespace whose loopback carries that rate. Each worker setting reports
-the bytes all-reduced per optimizer step and per image, and the step time a simple model
-predicts: the baseline's compute for the step's micro-batches plus the bytes on the shaped
-link divided by its rate (a ring all-reduce: each of W workers sends 2 (W - 1) / W of the
-gradient, and all of it crosses the one shaped loopback).
+the bytes all-reduced per optimizer step and per image, and the step and epoch times a
+simple model predicts (:func:`predicted_seconds`): the baseline's compute for the step's
+micro-batches plus the bytes on the shaped link divided by its rate (a ring all-reduce:
+each of W workers sends 2 (W - 1) / W of the tensor, and all of it crosses the one shaped
+loopback), with the excess of the measured time over it.
 
 Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT.json``.
 """
@@ -91,7 +99,8 @@ class ScalingConfig:
             if local < 0 or (local and rank) or (overlap and not local):
                 raise ValueError(f"--settings {accumulate}:{dtype}:local{local}: H >= 1")
             if local and self.step.steps % local:
-                # Every timed window then holds the same number of synchronisations.
+                # Every epoch then ends at a period's end, as a run's epochs of a multiple
+                # of H steps do.
                 raise ValueError(
                     f"--settings {accumulate}:{dtype}:local{local}: --steps "
                     f"{self.step.steps} must be a multiple of H"
@@ -101,38 +110,47 @@ class ScalingConfig:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
         if self.workers < 2:
             raise ValueError(f"--workers {self.workers}: compare at least 2 with 1 process")
+        if self.step.steps < 2:
+            raise ValueError(f"--steps {self.step.steps}: an epoch needs 2 steps or more")
         harness.check_counts({"--rounds": self.rounds})
 
 
 class WindowTimer(keras.callbacks.Callback):
-    """Wall-clock and CPU seconds of each epoch's steps after its first.
+    """Wall-clock and CPU seconds of each epoch: of its steps after the first (``windows``)
+    and of all of it (``epochs``), each ``{"steps", "seconds", "cpu_seconds"}``.
 
-    The first step of an epoch carries the epoch's setup and is left out. Before reading the
-    clocks the timer waits for the step's loss, since an accelerator runs steps
-    asynchronously. ``windows`` gets ``{"steps", "seconds", "cpu_seconds"}`` per epoch.
+    The first step of an epoch carries the epoch's setup and is left out of its window, and
+    the window closes before the callbacks after this one run at the epoch's last step (a
+    full synchronisation): put it first. ``epochs`` runs from the epoch's start to its end.
+    Before reading the clocks the timer waits for the step's loss, since an accelerator
+    runs steps asynchronously.
     """
 
     def __init__(self):
         super().__init__()
-        self.windows = []
-        self._start = None
+        self.windows, self.epochs = [], []
+        self._start = self._epoch_start = None
+
+    @staticmethod
+    def _since(start, steps):
+        now = (time.perf_counter(), time.process_time())
+        return {"steps": steps, "seconds": now[0] - start[0], "cpu_seconds": now[1] - start[1]}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = (time.perf_counter(), time.process_time())
 
     def on_train_batch_end(self, batch, logs=None):
         last = self.params["steps"] - 1
         if batch not in (0, last) or last == 0:
             return
         ops.convert_to_numpy(logs["loss"])
-        now = (time.perf_counter(), time.process_time())
         if batch == 0:
-            self._start = now
+            self._start = (time.perf_counter(), time.process_time())
             return
-        self.windows.append(
-            {
-                "steps": last,
-                "seconds": now[0] - self._start[0],
-                "cpu_seconds": now[1] - self._start[1],
-            }
-        )
+        self.windows.append(self._since(self._start, last))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(self._since(self._epoch_start, self.params["steps"]))
 
 
 def _cores(needed):
@@ -234,15 +252,16 @@ def _tail(path, lines=30):
         return "".join(f.readlines()[-lines:])
 
 
-def _windows(results, batch_size):
-    """Per timed window of a job: ``{"images_per_second", "cpu_ms_per_image", "step_seconds"}``.
+def _windows(results, batch_size, kind="windows"):
+    """Per timed window (``kind`` "epochs": per whole epoch) of a job:
+    ``{"images_per_second", "cpu_ms_per_image", "step_seconds"}``.
 
     Workers step in lockstep; a window lasts as long as its slowest worker's, and the CPU
     time is that of every worker together. A step of a worker is ``accumulate`` batches.
     """
     figures = []
     per_step = batch_size * results[0]["accumulate"]
-    for windows in zip(*(result["windows"] for result in results)):
+    for windows in zip(*(result[kind] for result in results)):
         images = sum(window["steps"] for window in windows) * per_step
         seconds = max(window["seconds"] for window in windows)
         cpu = sum(window["cpu_seconds"] for window in windows)
@@ -296,25 +315,31 @@ def run_scaling(config, *, command="", log=print):
     _cores(config.workers)
     runs = {"single": [], "independent": []}
     runs.update({_setting_key(setting): [] for setting in config.settings})
+    epochs = {key: [] for key in runs}  # the same jobs, by whole epochs
     traffic = {}
     sync_seconds = collections.defaultdict(list)  # local steps: every synchronisation's time
     with tempfile.TemporaryDirectory(prefix="yolo3-scaling-") as directory:
         with RateLimitedLoopback(config.link) as link:
             for round_index in range(config.rounds):
                 log(f"round {round_index + 1}/{config.rounds} (link {config.link})")
+
+                def record(key, results):
+                    runs[key] += _windows(results, config.step.batch_size)
+                    epochs[key] += _windows(results, config.step.batch_size, "epochs")
+
                 results = _run_job(config, 1, directory, log, link=link)
-                runs["single"] += _windows(results, config.step.batch_size)
+                record("single", results)
                 result["sync_bn_single"] = results[0]["sync_bn"]
                 results = _run_job(
                     config, config.workers, directory, log, link=link, independent=True
                 )
-                runs["independent"] += _windows(results, config.step.batch_size)
+                record("independent", results)
                 for setting in config.settings:
                     key = _setting_key(setting)
                     results = _run_job(
                         config, config.workers, directory, log, link=link, setting=setting
                     )
-                    runs[key] += _windows(results, config.step.batch_size)
+                    record(key, results)
                     traffic[key] = {**results[0]["traffic"], "sync_bn": results[0]["sync_bn"]}
                     sync_seconds[key] += [t for r in results for t in r["sync_seconds"]]
                     # The report's line: local steps never synchronise batch norm.
@@ -332,8 +357,16 @@ def run_scaling(config, *, command="", log=print):
         ),
     }
     single = rows["single"]
+
+    def by_wall(key, figure="images_per_second"):  # whole epochs: the median over them
+        return statistics.median(epoch[figure] for epoch in epochs[key])
+
+    def cpu_by_wall(key):  # the CPU-time ratio of whole epochs, against one process's
+        return by_wall("single", "cpu_ms_per_image") / by_wall(key, "cpu_ms_per_image")
+
     # What the machine allows before any communication: cores that compute at the same
     # time share memory bandwidth and clock.
+    ceiling_wall = by_wall("independent") / (workers * by_wall("single"))
     ratios = {
         "ceiling": harness.make_ratio(
             f"ceiling, {workers} independent processes / ({workers} x 1 process)",
@@ -341,7 +374,14 @@ def run_scaling(config, *, command="", log=print):
             single["cpu_ms_per_image"] / rows["independent"]["cpu_ms_per_image"],
             None,
             harness.FRACTION,
-        )
+        ),
+        "ceiling_wall": harness.make_ratio(
+            "ceiling by wall time (whole epochs)",
+            ceiling_wall,
+            cpu_by_wall("independent"),
+            None,
+            harness.FRACTION,
+        ),
     }
     communication = {}
     bits_per_second = parse_rate(config.link)
@@ -361,6 +401,10 @@ def run_scaling(config, *, command="", log=print):
             GOAL_EFFICIENCY,
             harness.FRACTION,
         )
+        wall = by_wall(key) / (workers * by_wall("single"))
+        ratios[f"{key}_wall"] = harness.make_ratio(
+            f"by wall time, {name}", wall, cpu_by_wall(key), GOAL_EFFICIENCY, harness.FRACTION
+        )
         communication[key] = _communication(
             traffic[key],
             workers=workers,
@@ -371,13 +415,46 @@ def run_scaling(config, *, command="", log=print):
             local_steps=setting[3],
             overlap=setting[4],
             sync_seconds=sync_seconds[key],
+            steps=config.step.steps,
+            epoch_compute_seconds=accumulate * batch / by_wall("single"),
+            measured_epoch_seconds=statistics.median(e["step_seconds"] for e in epochs[key])
+            * config.step.steps,
         )
         communication[key]["label"] = name
+        communication[key]["wall_of_ceiling"] = wall / ceiling_wall
     result["rows"] = rows
     result["ratios"] = ratios
     result["communication"] = communication
     result["load_average_end"] = harness.load_average()
     return result
+
+
+def predicted_seconds(*, steps, compute, epoch_compute, link, local_steps=0, overlap=0):
+    """``(step, epoch)``: the seconds the link model predicts for a step of an epoch's
+    window (its steps after the first, the last one's synchronisation left out) and for a
+    whole epoch of ``steps`` optimizer steps.
+
+    Args:
+        compute, epoch_compute: seconds of one step's computation alone: in the window, and
+            a whole epoch's per step (its first step's setup included).
+        link: seconds the link needs for one step's collectives, or with ``local_steps``
+            for one synchronisation's.
+        local_steps, overlap: ``H`` (a multiple of ``steps``) and ``T``, or 0.
+
+    All-reduce: every step computes, then sends. Local steps: an epoch starts with nothing
+    in flight and ends with a full synchronisation; blocking, every period ends with one;
+    overlapped, each period after an epoch's first carries the previous period's change in
+    its first ``T`` steps, each taking the longer of its computation and its chunk's link
+    time.
+    """
+    if not local_steps:
+        return compute + link, steps * (epoch_compute + link)
+    periods = steps // local_steps
+    if overlap:
+        waits = (periods - 1) * overlap * max(0.0, link / overlap - compute)
+    else:
+        waits = (periods - 1) * link
+    return compute + waits / (steps - 1), steps * epoch_compute + waits + link
 
 
 def _communication(
@@ -391,26 +468,31 @@ def _communication(
     local_steps=0,
     overlap=False,
     sync_seconds=(),
+    steps=2,
+    epoch_compute_seconds=None,
+    measured_epoch_seconds=None,
 ):
-    """Bytes all-reduced per step and per image; the step time the link model predicts.
+    """Bytes all-reduced per step and per image; the step and epoch times the link model
+    predicts (:func:`predicted_seconds`) beside the measured ones.
 
     With local steps also one synchronisation's time: the median of every worker's
-    ``sync_seconds``, and the link model's figure for its bytes. Overlapped, the bytes
-    travel during the steps' computation: the step takes the longer of the two, and the
-    synchronisation itself sends nothing.
+    ``sync_seconds``, and the link model's figure for its bytes.
     """
     per_step = traffic["gradient_bytes"] + traffic["batch_norm_bytes"]
     # A ring all-reduce: each worker sends 2 (W - 1) / W of the tensor; on the shaped
     # loopback every worker's bytes cross the same device.
     on_link = 2 * (workers - 1) * per_step
-    predicted = None
+    predicted = predicted_epoch = None
     if bits_per_second:
-        link_seconds = 8 * on_link / bits_per_second
-        if overlap:  # a period's bytes in its first T steps, each beside its computation
-            busy = max(compute_seconds, link_seconds * local_steps / overlap)
-            predicted = (overlap * busy + (local_steps - overlap) * compute_seconds) / local_steps
-        else:
-            predicted = compute_seconds + link_seconds
+        link_seconds = 8 * on_link * (local_steps or 1) / bits_per_second
+        predicted, predicted_epoch = predicted_seconds(
+            steps=steps,
+            compute=compute_seconds,
+            epoch_compute=epoch_compute_seconds or compute_seconds,
+            link=link_seconds,
+            local_steps=local_steps,
+            overlap=overlap or 0,
+        )
     sync = None
     if local_steps and sync_seconds:
         sync = {"measured_seconds": statistics.median(sync_seconds), "predicted_seconds": None}
@@ -426,8 +508,11 @@ def _communication(
         "sync_bn": traffic.get("sync_bn"),
         "bytes_on_link_per_step": on_link,
         "compute_seconds": compute_seconds,
+        "epoch_compute_seconds": epoch_compute_seconds,
         "measured_step_seconds": measured_seconds,
         "predicted_step_seconds": predicted,
+        "measured_epoch_seconds": measured_epoch_seconds,
+        "predicted_epoch_seconds": predicted_epoch,
     }
 
 
@@ -467,23 +552,42 @@ def format_scaling(result):
     text = harness.format_report(result, details)
     lines = ["", "communication per optimizer step (K micro-batches per worker):"]
     width = max(len(figures["label"]) for figures in result["communication"].values()) + 2
-    header = (
-        f"{'':<{width}}{'MB/step':>9}{'KB/image':>10}{'compute s':>11}{'measured s':>12}"
-        f"{'predicted s':>13}"
-    )
+    columns = ("MB/step", "KB/image", "compute s", "measured s", "predicted s", "excess ms")
+    header = f"{'':<{width}}" + "".join(f"{c:>12}" for c in columns)
     lines += [header, "-" * len(header)]
+
+    def cells(measured, predicted, scale=1):
+        if predicted is None:
+            return f"{measured:>12.2f}{'-':>12}{'-':>12}"
+        excess = 1000 * (measured - predicted) / scale
+        return f"{measured:>12.2f}{predicted:>12.2f}{excess:>12.0f}"
+
     for figures in result["communication"].values():
-        predicted = figures["predicted_step_seconds"]
         lines.append(
-            f"{figures['label']:<{width}}{figures['bytes_per_step'] / 1e6:>9.2f}"
-            f"{figures['bytes_per_image'] / 1e3:>10.1f}{figures['compute_seconds']:>11.2f}"
-            f"{figures['measured_step_seconds']:>12.2f}"
-            f"{'-' if predicted is None else f'{predicted:.2f}':>13}"
+            f"{figures['label']:<{width}}{figures['bytes_per_step'] / 1e6:>12.2f}"
+            f"{figures['bytes_per_image'] / 1e3:>12.1f}{figures['compute_seconds']:>12.2f}"
+            + cells(figures["measured_step_seconds"], figures["predicted_step_seconds"])
         )
     lines.append(
         "predicted: compute (1 process, same images) + bytes on the link x 8 / rate, a ring "
         "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback "
-        "(overlapped local steps: the longer of the two)"
+        "(local steps: the synchronisations within the window; overlapped, a chunk step "
+        "takes the longer of the two); excess: measured - predicted"
+    )
+    steps = step["steps"]
+    lines += ["", f"whole epochs of {steps} steps, by wall time (the epoch end included):"]
+    columns = ("of ceiling", "measured s", "predicted s", "excess ms/st")
+    header = f"{'':<{width}}" + "".join(f"{c:>12}" for c in columns)
+    lines += [header, "-" * len(header)]
+    for figures in result["communication"].values():
+        lines.append(
+            f"{figures['label']:<{width}}{figures['wall_of_ceiling']:>12.2f}"
+            + cells(figures["measured_epoch_seconds"], figures["predicted_epoch_seconds"], steps)
+        )
+    lines.append(
+        "of ceiling: images/s by wall time over the independent processes' by wall time; "
+        "predicted: the baseline's whole epochs' compute, the link's time for the step's "
+        "bytes, local steps' synchronisations (the epoch end's full one included)"
     )
     for figures in result["communication"].values():
         sync = figures.get("synchronisation")
@@ -583,9 +687,8 @@ def worker_main(argv):
     with strategy.scope():
         trainer, images, boxes = _build_worker_step(config, job, replicas, info.worker_index)
     communication = trainer.communication
-    # Synchronisations every H steps, counted across the warm-up and the timed epochs; none
-    # at epoch ends (the timed epochs are windows, not a run's epochs).
-    callbacks = communication.callbacks(epoch_ends=False)
+    # Synchronisations every H steps and a full one at every epoch end, as in a run.
+    callbacks = communication.callbacks()
     sync = callbacks[0] if callbacks else None  # a LocalSync, with local steps
 
     def dataset_fn(context):
@@ -613,15 +716,16 @@ def worker_main(argv):
     trainer.fit(
         data,
         epochs=step.repeats,
-        steps_per_epoch=step.steps + 1,
+        steps_per_epoch=step.steps,
         verbose=0,
         shuffle=False,
-        callbacks=[*callbacks, timer],
+        callbacks=[timer, *callbacks],  # its windows close before the epoch end's sync
     )
     fileio.write_json(
         result_path,
         {
             "windows": timer.windows,
+            "epochs": timer.epochs,
             "sync_bn": _sync_bn_channels(trainer.body) > 0,
             "replicas": replicas,
             "worker_index": info.worker_index,

@@ -258,8 +258,9 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     # same worker code: test_scaling_traffic_of_every_setting.
     json_path = tmp_path / "scaling.json"
     argv = ["scaling", *SMALL_STEP, "--json", str(json_path)]
-    # --steps 2: one synchronisation per timed window, sent during the next one
-    argv += ["--link", "1gbit", "--settings", "1:float32", "1:bfloat16:overlap2/1"]
+    # Epochs of 4 steps, H = 2, T = 1: the first period's change sent in step 3, the second
+    # period's synchronised at the epoch's end.
+    argv += ["--steps", "4", "--link", "1gbit", "--settings", "1:float32", "1:bfloat16:overlap2/1"]
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
@@ -273,19 +274,25 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     plain = saved["communication"]["workers_1_float32"]
     local = saved["communication"]["workers_1_bfloat16_overlap2t1"]
     # What the workers counted is what the same setting's trainer counts here.
-    assert plain == {**plain, **_figures_of((1, "float32", 0, 0, False), plain)}
-    assert local == {**local, **_figures_of((1, "bfloat16", 0, 2, 1), local)}
+    assert plain == {**plain, **_figures_of((1, "float32", 0, 0, False), plain, steps=4)}
+    assert local == {**local, **_figures_of((1, "bfloat16", 0, 2, 1), local, steps=4)}
     assert plain["sync_bn"] is True and local["sync_bn"] is False
     assert "local steps H=2, overlapped over 1 step" in local["label"]
     assert plain["predicted_step_seconds"] > plain["compute_seconds"] > 0
     assert local["measured_step_seconds"] > 0
+    for figures in (plain, local):  # whole epochs: the epoch end's synchronisation included
+        assert figures["measured_epoch_seconds"] > 3 * figures["measured_step_seconds"]
+        assert figures["predicted_epoch_seconds"] > 0 and figures["wall_of_ceiling"] > 0
+    assert re.search(r"^by wall time, 2 workers .*overlapped over 1 step .* >= 90% +(PASS|MISS)$",
+                     output, re.M)  # fmt: skip
     assert link.RateLimitedLoopback("1gbit").name not in _namespaces_left()
 
 
-def _figures_of(setting, measured=None):
-    """The communication figures of ``setting`` for 2 workers at SMALL_STEP on a 1 Gbit/s
-    link, from the workers' own code (their trainer, its traffic, the link model), with
-    ``measured``'s compute and step seconds (made up when None)."""
+def _figures_of(setting, measured=None, steps=2):
+    """The communication figures of ``setting`` for 2 workers at SMALL_STEP (epochs of
+    ``steps``) on a 1 Gbit/s link, from the workers' own code (their trainer, its traffic,
+    the link model), with ``measured``'s compute, step and epoch seconds (made up when
+    None)."""
     step = train_step.TrainStepConfig(
         anchors=tuple(map(tuple, read_anchors(ROOT / "model_data/tiny_yolo_anchors.txt"))),
         input_size=64, batch_size=2, num_classes=3, steps=2, warmup_steps=1, repeats=1,
@@ -300,7 +307,9 @@ def _figures_of(setting, measured=None):
         traffic, workers=2, images_per_step=2 * step.batch_size * job["accumulate"],
         compute_seconds=measured["compute_seconds"],
         measured_seconds=measured["measured_step_seconds"], bits_per_second=1e9,
-        local_steps=job["local_steps"], overlap=job["overlap_sync"],
+        local_steps=job["local_steps"], overlap=job["overlap_sync"], steps=steps,
+        epoch_compute_seconds=measured.get("epoch_compute_seconds"),
+        measured_epoch_seconds=measured.get("measured_epoch_seconds"),
     )  # fmt: skip
     del figures["synchronisation"]  # timed by the workers alone
     return figures
@@ -323,17 +332,37 @@ def test_scaling_traffic_of_every_setting():
     assert local["batch_norm_bytes"] == 0 and local["sync_bn"] is False
     for figures in (plain, tuned, compressed):
         assert figures["predicted_step_seconds"] > figures["compute_seconds"] > 0
-    # Overlapped over 1 of 2 steps: that step carries the period's bytes beside its
-    # computation, the other computes alone.
+    # An epoch of 2 steps with H = 2: one period, which the epoch end synchronises in full
+    # (2 steps' worth of bytes); no chunk travels beside a step.
     on_link, compute = 8 * local["bytes_on_link_per_step"] / 1e9, local["compute_seconds"]
-    assert local["predicted_step_seconds"] == pytest.approx(
-        (max(compute, 2 * on_link) + compute) / 2
-    )
+    assert local["predicted_step_seconds"] == compute
+    assert local["predicted_epoch_seconds"] == pytest.approx(2 * compute + 2 * on_link)
     # The report's labels.
     assert scaling._setting_text((1, "float32", 2, 0, False)) == ", PowerSGD rank 2"
     assert scaling._setting_text((1, "bfloat16", 0, 2, 1)) == (
         ", local steps H=2, overlapped over 1 step"
     )
+
+
+def test_the_link_model_of_whole_epochs():
+    # Hand-derived: epochs of 8 steps, 0.1 s of computation a step in the window (0.12 s a
+    # step over a whole epoch), 0.3 s of link time for a step's all-reduce or for one
+    # synchronisation of local steps.
+    times = dict(steps=8, compute=0.1, epoch_compute=0.12, link=0.3)
+    # All-reduce: each step computes, then sends.
+    assert scaling.predicted_seconds(**times) == pytest.approx((0.4, 8 * 0.42))
+    # H = 4, blocking: 2 synchronisations, the first within the window of 7 steps, the
+    # second at the epoch's end.
+    step, epoch = scaling.predicted_seconds(**times, local_steps=4)
+    assert (step, epoch) == pytest.approx((0.1 + 0.3 / 7, 0.96 + 0.6))
+    # Overlapped over T = 2: the second period's first 2 steps each carry half of the first
+    # period's change, 0.15 s of link beside 0.1 s of computation (0.05 s waited each); the
+    # epoch's end synchronises in full.
+    step, epoch = scaling.predicted_seconds(**times, local_steps=4, overlap=2)
+    assert (step, epoch) == pytest.approx((0.1 + 0.1 / 7, 0.96 + 0.1 + 0.3))
+    # Over T = 4, each chunk's 0.075 s hides behind its step's computation.
+    step, epoch = scaling.predicted_seconds(**times, local_steps=4, overlap=4)
+    assert (step, epoch) == pytest.approx((0.1, 0.96 + 0.3))
 
 
 def _namespaces_left():
@@ -471,6 +500,8 @@ def test_configs_reject_settings_they_cannot_run():
     step = train_step.TrainStepConfig(anchors=tiny_anchors)
     with pytest.raises(ValueError, match="--workers 1: compare at least 2"):
         scaling.ScalingConfig(step=step, workers=1)
+    with pytest.raises(ValueError, match="--steps 1: an epoch needs 2 steps or more"):
+        scaling.ScalingConfig(step=step)
     too_many = len(os.sched_getaffinity(0)) + 1
     with pytest.raises(ValueError, match=f"{too_many} workers need {too_many} cores to pin to"):
         scaling._cores(too_many)
