@@ -13,22 +13,22 @@ from yolo3.progress import DEFAULT_SECONDS, Interval, format_duration
 class Throughput(keras.callbacks.Callback):
     """Images per second and the share of each step spent waiting for input.
 
-    The trainer measures in the graph when a step's batch arrived; this callback records
-    when the step was requested, and the difference is the wait (dispatch overhead
-    included, a few hundred microseconds). A large wait means the input pipeline cannot
-    keep up: preprocess offline with more copies, use more reader cores, or a faster disk.
-    Epoch logs gain ``images_per_second`` and ``input_wait_fraction``.
+    The trainer logs how long each step waited for its batch, measured in the graph
+    (:meth:`yolo3.engine.step.StepFunctions.attach_input_clock`): the input pipeline's
+    share alone, not the step's dispatch, its collectives or other workers. A large wait
+    means the input pipeline cannot keep up: preprocess offline with more copies, use more
+    reader cores, or a faster disk. Epoch logs gain ``images_per_second`` and
+    ``input_wait_fraction``.
 
     Args:
         global_batch_size: images per step over all replicas and workers.
-        clock: the trainer's ``input_clock`` (``YoloTrainer.input_clock``), or None.
+        clock: not read (the trainer measures the wait); accepted for its callers.
         skip_first: steps excluded from the figures (tracing and warm-up).
     """
 
     def __init__(self, global_batch_size, clock=None, skip_first=1, log=None):
         super().__init__()
         self.global_batch_size = int(global_batch_size)
-        self.clock = clock
         self.skip_first = skip_first
         self.log = log
         self.history = []
@@ -38,8 +38,6 @@ class Throughput(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.started = time.perf_counter()
-        if self.clock is not None:
-            self.clock.assign(time.time())
 
     def on_train_batch_end(self, batch, logs=None):
         elapsed = time.perf_counter() - self.started
