@@ -14,7 +14,7 @@ class Throughput(keras.callbacks.Callback):
     """Images per second and the share of each step spent waiting for input.
 
     The trainer logs how long each step waited for its batch, measured in the graph
-    (:meth:`yolo3.engine.step.StepFunctions.attach_input_clock`): the input pipeline's
+    (:meth:`yolo3.engine.step.StepFunctions.measure_input_wait`): the input pipeline's
     share alone, not the step's dispatch, its collectives or other workers. A large wait
     means the input pipeline cannot keep up: preprocess offline with more copies, use more
     reader cores, or a faster disk. Epoch logs gain ``images_per_second`` and
@@ -22,11 +22,10 @@ class Throughput(keras.callbacks.Callback):
 
     Args:
         global_batch_size: images per step over all replicas and workers.
-        clock: not read (the trainer measures the wait); accepted for its callers.
         skip_first: steps excluded from the figures (tracing and warm-up).
     """
 
-    def __init__(self, global_batch_size, clock=None, skip_first=1, log=None):
+    def __init__(self, global_batch_size, skip_first=1, log=None):
         super().__init__()
         self.global_batch_size = int(global_batch_size)
         self.skip_first = skip_first

@@ -34,7 +34,7 @@ def _fit(dataset, strategy=None, **options):
         body = micro_model(2, None if options.get("multi_scale") else SIZE)
         trainer = YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=2, **options)
         trainer.compile(optimizer=keras.optimizers.SGD(0.01))
-    trainer.attach_input_clock(tf.Variable(0.0, dtype=tf.float64, trainable=False))
+    trainer.measure_input_wait()
     throughput = Throughput(BATCH * strategy.num_replicas_in_sync * trainer.accumulate)
     trainer.fit(
         dataset, epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[throughput], shuffle=False

@@ -173,9 +173,8 @@ def _fit_one_step(jit_compile, images, boxes):
     trainer.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=jit_compile)
     trainer.build((None, SIZE, SIZE, 3))
     before = [v.numpy() for v in trainer.trainable_variables]
-    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-    trainer.attach_input_clock(clock)
-    throughput = Throughput(len(images), clock, skip_first=0)
+    trainer.measure_input_wait()
+    throughput = Throughput(len(images), skip_first=0)
     dataset = tf.data.Dataset.from_tensors((images, boxes)).repeat()
     history = trainer.fit(
         dataset, epochs=1, steps_per_epoch=1, verbose=0, callbacks=[throughput], shuffle=False

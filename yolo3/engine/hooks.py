@@ -36,10 +36,9 @@ def build_backup(config, setup, trainer, log):
     )
 
 
-def build_hooks(config, setup, trainer, backup, clock, *, progress, log):
+def build_hooks(config, setup, trainer, backup, *, progress, log):
     """The run's :class:`Hooks`; a stop request (a signal, a preemption notice) ends it at a
-    step that every worker agrees on. ``clock``: the trainer's input clock, which
-    :class:`yolo3.callbacks.Throughput` reads."""
+    step that every worker agrees on."""
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
@@ -48,7 +47,6 @@ def build_hooks(config, setup, trainer, backup, clock, *, progress, log):
         setup,
         progress=progress,
         trainer=trainer,
-        clock=clock,
         monitor="val_loss" if setup.data.val_source else "loss",
         backup=backup,
         preemption=preemption,
@@ -57,7 +55,7 @@ def build_hooks(config, setup, trainer, backup, clock, *, progress, log):
     return Hooks(callbacks, throughput, nonfinite, preemption, backup)
 
 
-def build_callbacks(config, setup, *, progress, trainer, clock, monitor, backup, preemption, log):
+def build_callbacks(config, setup, *, progress, trainer, monitor, backup, preemption, log):
     """The callbacks of a run, in the order they must see each epoch's logs.
 
     Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard
@@ -68,7 +66,7 @@ def build_callbacks(config, setup, *, progress, trainer, clock, monitor, backup,
     # In lines mode the epoch's line carries images/s and the input wait already.
     epoch_log = {"bar": lambda message: log(f"\n{message}"), "off": log}.get(progress)
     throughput = yolo_callbacks.Throughput(
-        setup.global_batch, clock, log=epoch_log if info.is_chief else None
+        setup.global_batch, log=epoch_log if info.is_chief else None
     )
     nonfinite = yolo_callbacks.StopOnNonFinite()
     # First: the communication's (local steps synchronise before anything reads or saves

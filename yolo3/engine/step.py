@@ -2,7 +2,7 @@
 
 :class:`StepFunctions` is the part of :class:`yolo3.engine.trainer.YoloTrainer` that makes
 Keras's train function into the one a run needs, each piece a wrapper around the compiled
-step: the input-wait clock (:meth:`~StepFunctions.attach_input_clock`), stop requests
+step: the input wait (:meth:`~StepFunctions.measure_input_wait`), stop requests
 agreed by every worker (:meth:`~StepFunctions.attach_stop_flag`), one compiled step per
 input size with multi-scale training, the communication's own wrapper (the dense warm-up's
 switch) and glibc's malloc thresholds (:mod:`yolo3.distributed.malloc`).
@@ -27,19 +27,18 @@ class StepFunctions:
     """The train and test functions of a ``keras.Model`` trainer (a mixin, before
     ``keras.Model`` in the bases)."""
 
-    _input_clock = None
+    _input_wait = False
     _stop_flag = None
 
-    def attach_input_clock(self, clock):
-        """Measures input wait: each step logs ``INPUT_WAIT_KEY``, the seconds from just
-        before it asked the iterator for its batch to the batch's arrival.
+    def measure_input_wait(self):
+        """Each step logs ``INPUT_WAIT_KEY``: the seconds from just before it asked the
+        iterator for its batch to the batch's arrival.
 
         Both ends are stamped in the graph: from the host's request time, the wait would
         also count the call's dispatch (about 15 ms a step under MultiWorkerMirroredStrategy)
-        and the tracing of each new multi-scale size. ``clock`` (a float64 tf.Variable)
-        turns the measurement on; its value is not read.
+        and the tracing of each new multi-scale size.
         """
-        self._input_clock = clock
+        self._input_wait = True
         self.train_function = None
 
     def attach_stop_flag(self, flag):
@@ -103,10 +102,10 @@ class StepFunctions:
         each size gets such a function of its own, with static shapes, and a Python
         dispatcher calls the one for the step's size.
         """
-        clock = self._input_clock
+        timed = self._input_wait
         own_step = self.multi_scale is not None or self.accumulate > 1
         own_step = own_step or self._stop_flag is not None
-        if not own_step and (clock is None or self.run_eagerly or self.steps_per_execution != 1):
+        if not own_step and (not timed or self.run_eagerly or self.steps_per_execution != 1):
             super().make_train_function(force=force)  # sets self.train_function
             return self.train_function
         if own_step and (self.run_eagerly or self.steps_per_execution != 1):
@@ -115,7 +114,7 @@ class StepFunctions:
                 "compiled step per call"
             )
         if self.multi_scale is None:
-            self.train_function = self._sized_train_function(None, clock)
+            self.train_function = self._sized_train_function(None, timed)
             return self.train_function
         functions = self.scale_functions = {}
 
@@ -123,15 +122,16 @@ class StepFunctions:
             # The optimizer's step counter is the same on every replica and worker.
             size = self.multi_scale.size_at(int(self.optimizer.iterations.numpy()))
             if size not in functions:
-                functions[size] = self._sized_train_function(size, clock)
+                functions[size] = self._sized_train_function(size, timed)
             self.scale_history.append(size)
             return functions[size](iterator)
 
         self.train_function = train_function
         return train_function
 
-    def _sized_train_function(self, size, clock):
-        """The compiled step for one input ``size`` (None: the batch as it comes)."""
+    def _sized_train_function(self, size, timed):
+        """The compiled step for one input ``size`` (None: the batch as it comes), logging
+        its input wait when ``timed``."""
         # The module's reduce_per_replica, looked up per trace: yolo3.distributed.keras_mwms
         # replaces it.
         from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -164,7 +164,7 @@ class StepFunctions:
         def train_function(iterator):
             # Read here, outside the compiled step: the flag is a host variable.
             stop = None if flag is None else tf.identity(flag)
-            if clock is None:
+            if not timed:
                 return step(next_batch(iterator), stop)
             requested = tf.timestamp()
             with tf.control_dependencies([requested]):

@@ -105,8 +105,7 @@ def _run(config, *, log):
     if config.resume:
         initial_epoch = builders.restore_state(trainer, setup.checkpoint_dir, log)
     datasets = builders.build_datasets(config, setup, strategy, log)
-    clock = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-    trainer.attach_input_clock(clock)
+    trainer.measure_input_wait()
     progress = resolve_progress(config.progress)
     if info.is_chief:
         _write_config(config, setup)
@@ -115,7 +114,7 @@ def _run(config, *, log):
     position = backup.restore(trainer, strategy)
     if position is not None:
         initial_epoch = position.epoch
-    hooks = build_hooks(config, setup, trainer, backup, clock, progress=progress, log=log)
+    hooks = build_hooks(config, setup, trainer, backup, progress=progress, log=log)
     if position is not None and position.epoch >= config.epochs and not position.batch:
         _checkpoints_from_backup(hooks, trainer, position.epoch, log)
     skip_steps = position.batch if position is not None else 0
