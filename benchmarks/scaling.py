@@ -34,10 +34,11 @@ side by side with the same one-process baseline (one micro-batch, no all-reduce)
 (a tc rate such as ``100mbit``, :mod:`benchmarks.link`) runs every process, the baseline
 too, in a network namespace whose loopback carries that rate. Each worker setting reports
 the bytes all-reduced per optimizer step and per image, and the step and epoch times a
-simple model predicts (:func:`predicted_seconds`): the baseline's compute for the step's
-micro-batches plus the bytes on the shaped link divided by its rate (a ring all-reduce:
-each of W workers sends 2 (W - 1) / W of the tensor, and all of it crosses the one shaped
-loopback), with the excess of the measured time over it.
+simple model predicts (:func:`predicted_seconds`): the compute of the step's micro-batches
+in a process beside the others (the independent processes', the ceiling's) plus the bytes
+on the shaped link divided by its rate (a ring all-reduce: each of W workers sends
+2 (W - 1) / W of the tensor, and all of it crosses the one shaped loopback), with the
+excess of the measured time over it.
 
 Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT.json``.
 """
@@ -409,14 +410,15 @@ def run_scaling(config, *, command="", log=print):
             traffic[key],
             workers=workers,
             images_per_step=workers * batch * accumulate,
-            compute_seconds=accumulate * batch / single["images_per_second"],
+            # A worker computes beside the others: the independent processes' step.
+            compute_seconds=accumulate * batch * workers / rows["independent"]["images_per_second"],
             measured_seconds=statistics.median(run["step_seconds"] for run in runs[key]),
             bits_per_second=bits_per_second,
             local_steps=setting[3],
             overlap=setting[4],
             sync_seconds=sync_seconds[key],
             steps=config.step.steps,
-            epoch_compute_seconds=accumulate * batch / by_wall("single"),
+            epoch_compute_seconds=accumulate * batch * workers / by_wall("independent"),
             measured_epoch_seconds=statistics.median(e["step_seconds"] for e in epochs[key])
             * config.step.steps,
         )
@@ -569,14 +571,15 @@ def format_scaling(result):
             + cells(figures["measured_step_seconds"], figures["predicted_step_seconds"])
         )
     lines.append(
-        "predicted: compute (1 process, same images) + bytes on the link x 8 / rate, a ring "
+        "predicted: compute (a step of the independent processes, same images) + bytes on "
+        "the link x 8 / rate, a ring "
         "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback "
         "(local steps: the synchronisations within the window; overlapped, a chunk step "
         "takes the longer of the two); excess: measured - predicted"
     )
     steps = step["steps"]
     lines += ["", f"whole epochs of {steps} steps, by wall time (the epoch end included):"]
-    columns = ("of ceiling", "measured s", "predicted s", "excess ms/st")
+    columns = ("of ceiling", "measured s", "predicted s", "excess ms")
     header = f"{'':<{width}}" + "".join(f"{c:>12}" for c in columns)
     lines += [header, "-" * len(header)]
     for figures in result["communication"].values():
@@ -586,8 +589,9 @@ def format_scaling(result):
         )
     lines.append(
         "of ceiling: images/s by wall time over the independent processes' by wall time; "
-        "predicted: the baseline's whole epochs' compute, the link's time for the step's "
-        "bytes, local steps' synchronisations (the epoch end's full one included)"
+        "excess: per step; "
+        "predicted: the independent processes' whole epochs' compute, the link's time for "
+        "the step's bytes, local steps' synchronisations (the epoch end's full one included)"
     )
     for figures in result["communication"].values():
         sync = figures.get("synchronisation")
