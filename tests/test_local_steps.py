@@ -18,6 +18,7 @@ from train_helpers import SIZE, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
 
 from yolo3.callbacks import LocalSync
+from yolo3.callbacks.local_sync import overlap_advice
 from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
 from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
@@ -312,6 +313,9 @@ def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
     sync = LocalSync(state, epoch_ends=False)
     _more_steps(trainer, 3, sync)
     assert sync.synchronisations == 1
+    # Timed for the advice on --overlap-sync: step 2 computed alone, step 3 carried a chunk
+    # (step 1, the epoch's first, carries its setup).
+    assert [len(sync.step_seconds[chunk]) for chunk in (False, True)] == [1, 1]
     sent = _copies(strategy, state.sent)
     assert sent[0].shape == (2, -(-sum(int(np.prod(w.shape)) for w in trainer.body.weights) // 2))
     assert np.abs(sent[0] - sent[1]).max() > 1e-6  # each replica its own change
@@ -323,6 +327,19 @@ def test_overlapped_local_steps_send_a_chunk_in_each_train_step(strategy):
     assert np.abs(copies[0] - copies[1]).max() > 1e-6
     state.synchronize(strategy, trainer.optimizer.variables)
     assert_met()
+
+
+def test_overlap_advice_spreads_the_change_over_enough_steps():
+    # 8 chunk steps of 0.35 s against 0.21 s: the link needs 2.8 s for a change, which 14
+    # steps of computation (2.94 s) hide.
+    advice = overlap_advice(8, 64, 0.35, 0.21)
+    assert "took 0.35 s against 0.21 s" in advice and "about 2.8 s for a change" in advice
+    assert advice.endswith("--overlap-sync 14 would send it behind the computation")
+    # H = 10 is too short a period for it: a larger --local-steps.
+    assert "a larger --local-steps (at least 14) with --overlap-sync 14" in overlap_advice(
+        8, 10, 0.35, 0.21
+    )
+    assert overlap_advice(8, 64, 0.22, 0.21) is None  # within 10%: nothing to gain
 
 
 @pytest.mark.slow

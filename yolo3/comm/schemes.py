@@ -20,8 +20,8 @@ The interface, in the order a run calls it:
 - ``wrap_train_function(function, trainer)``: each time the trainer makes its train
   function; returns the function to call instead (by default ``function`` itself).
 - ``in_step()``: at the start of every train step, in replica context, while it is traced.
-- ``callbacks(backup=None, *, epoch_ends=True)``: the callbacks the scheme needs in
-  ``fit``, first in the list (after ``compile``).
+- ``callbacks(backup=None, *, epoch_ends=True, log=None)``: the callbacks the scheme
+  needs in ``fit``, first in the list (after ``compile``); ``log``: where they may advise.
 - ``bytes_per_step(body)``, ``describe(body)``, ``all_reduces_in_step``, ``dtype``: what a
   run logs and decides from it (the sync-BN default).
 - ``shared_variables(trainer)``: the trainer's variables that every worker holds alike,
@@ -88,15 +88,16 @@ class Communication:
         del trainer
         return function
 
-    def callbacks(self, backup=None, *, epoch_ends=True):
+    def callbacks(self, backup=None, *, epoch_ends=True, log=None):
         """The callbacks of ``fit`` that the scheme needs, before every other one.
 
         Args:
             backup: the run's :class:`yolo3.callbacks.WorkerBackup` (its saving steps), or
                 None.
             epoch_ends: False where epochs are only timing windows (a benchmark).
+            log: a print-like function for advice on the scheme's flags, or None.
         """
-        del backup, epoch_ends
+        del backup, epoch_ends, log
         return []
 
     def shared_variables(self, trainer):
@@ -217,10 +218,10 @@ class LocalSteps(Communication):
         if self.state.overlap:  # a chunk of the previous period's change; nothing waits on it
             self.state.exchange()
 
-    def callbacks(self, backup=None, *, epoch_ends=True):
+    def callbacks(self, backup=None, *, epoch_ends=True, log=None):
         from yolo3.callbacks import LocalSync  # noqa: PLC0415 (yolo3.callbacks imports the trainer)
 
-        return [LocalSync(self.state, backup, epoch_ends=epoch_ends, status=self.status)]
+        return [LocalSync(self.state, backup, epoch_ends=epoch_ends, status=self.status, log=log)]
 
     def shared_variables(self, trainer):
         """All but the inner optimizer's slots, which stay each worker's own
@@ -308,8 +309,8 @@ class DenseWarmup(Communication):
         self.then.take_over(trainer.distribute_strategy)
         trainer.make_train_function(force=True)
 
-    def callbacks(self, backup=None, *, epoch_ends=True):
-        return self.then.callbacks(backup, epoch_ends=epoch_ends)
+    def callbacks(self, backup=None, *, epoch_ends=True, log=None):
+        return self.then.callbacks(backup, epoch_ends=epoch_ends, log=log)
 
     def shared_variables(self, trainer):
         return self.then.shared_variables(trainer)

@@ -71,7 +71,8 @@ def build_callbacks(config, setup, *, progress, trainer, monitor, backup, preemp
     nonfinite = yolo_callbacks.StopOnNonFinite()
     # First: the communication's (local steps synchronise before anything reads or saves
     # the weights).
-    ordered = [*trainer.communication.callbacks(backup), preemption]
+    advice = log if info.is_chief else None
+    ordered = [*trainer.communication.callbacks(backup, log=advice), preemption]
     # Before the backup and the checkpoints: an epoch read from changed shards saves nothing.
     ordered.append(yolo_callbacks.RecordSetCheck(setup.data.record_sets))
     if config.freeze_body:
