@@ -61,7 +61,7 @@ class LocalSync(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         state = self.state
         # An epoch's first step carries its setup (a new size's tracing, the iterator).
-        if state.overlap and batch > 0 and not self.status.dense_phase:
+        if state.overlap and batch > 0 and not (self._advised or self.status.dense_phase):
             chunk = state.in_flight and state.steps_since_sync < state.overlap_steps
             self._step = (time.perf_counter(), chunk)
 
@@ -90,7 +90,9 @@ class LocalSync(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         steps = self.state.overlap_steps
         chunks, plain = self.step_seconds[True], self.step_seconds[False]
-        if self.log is None or self._advised or min(len(chunks), len(plain)) < (steps or 1):
+        if self.log is None:
+            self._advised = True  # nobody to advise: the steps need no more timing
+        if self._advised or min(len(chunks), len(plain)) < (steps or 1):
             return
         self._advised = True
         advice = overlap_advice(
