@@ -118,9 +118,7 @@ def _average_locally(strategy, variable):
     """The copies of ``variable`` on this process's replicas take their mean: memory only,
     nothing crosses to other workers (cross-replica context)."""
     copies = strategy.experimental_local_results(_distributed(variable))
-    if len(copies) > 1:
-        mean = tf.add_n([tf.identity(c) for c in copies]) / len(copies)
-        _assign(strategy, variable, mean)
+    _assign(strategy, variable, tf.add_n([tf.identity(c) for c in copies]) / len(copies))
 
 
 class LocalStepsState(keras.layers.Layer):
@@ -243,8 +241,10 @@ class LocalStepsState(keras.layers.Layer):
         period's mean arrived during the steps (:meth:`exchange`). Every worker must call
         it at the same step.
         """
-        slots = optimizer_slots(optimizer_variables)
         full = bool(optimizer_variables)
+        slots = optimizer_slots(optimizer_variables)
+        if slots and len(strategy.experimental_local_results(_distributed(slots[0]))) == 1:
+            slots = ()  # one replica in this process: nothing to average
         kind = "sync"
         if self.overlap and full and self.in_flight:
             kind = "full"  # what has not arrived is sent now, then this period's change
