@@ -1,4 +1,5 @@
-"""A slow network on one machine: a private network namespace with a rate-limited loopback.
+"""A slow network on one machine: a private network namespace with a rate-limited loopback,
+and a round-trip time.
 
 Processes started with :meth:`RateLimitedLoopback.command` run in a network namespace of
 their own whose only interface is a loopback shaped by ``tc``'s token bucket filter, so
@@ -6,16 +7,31 @@ workers that talk over 127.0.0.1 see, say, 100 Mbit/s instead of several Gbit/s,
 nothing leaves the machine. Every byte any worker sends crosses that one shaped device, so
 the workers share the rate (on real machines each would have its own link, each way).
 
-Needs root and iproute2 (``ip``, ``tc``); the namespace is removed on exit, also after a
-failure.
+With a round-trip time, the workers reach each other through a delay line
+(:mod:`benchmarks.relay`): :meth:`RateLimitedLoopback.cluster` gives each worker a
+``TF_CONFIG`` address list in which its own entry is the port its server binds and every
+other worker's is a relay port that holds each byte ``rtt / 2`` before passing it on, each
+way. (TensorFlow connects to a peer at the address its own ``TF_CONFIG`` names; it does not
+compare the lists.) The kernel's ``netem`` would do the same inside ``tc``; where it is
+missing (as on this project's test machines) the relay stands in. Every byte then crosses
+the shaped loopback twice, to the relay and from it, so the loopback is shaped to twice
+the rate.
+
+Needs root and iproute2 (``ip``, ``tc``) to shape; the namespace is removed on exit, also
+after a failure. A round-trip time alone needs neither.
 """
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
+from pathlib import Path
+
+from yolo3.distributed import strategy as distribute
 
 # tc's units for bits per second (tc reads "kbps" as kilobytes: not accepted here).
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -23,6 +39,10 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 # packet and TCP connections hang.
 _MTU = 9000
 _BURST = "128kb"
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+_TIME_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0}
 
 
 class LinkUnavailable(ValueError):
@@ -43,15 +63,31 @@ def parse_rate(text):
     return float(match.group(1)) * _RATE_UNITS[match.group(2)]
 
 
-class RateLimitedLoopback:
-    """Context manager: a namespace whose loopback carries ``rate`` (a tc rate string).
+def parse_rtt(text):
+    """``"25ms"`` -> 0.025 seconds of round trip; ``"none"`` or ``"0"`` -> 0.0."""
+    text = text.strip().lower()
+    if text in ("none", "0"):
+        return 0.0
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
+    if not match or match.group(2) not in _TIME_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"--rtt {text!r}: use a round-trip time in {', '.join(_TIME_UNITS)}, e.g. 25ms or "
+            "0.1ms, or none"
+        )
+    return float(match.group(1)) * _TIME_UNITS[match.group(2)]
 
-    With ``rate`` ``"none"`` it does nothing and commands run as they are.
+
+class RateLimitedLoopback:
+    """Context manager: a namespace whose loopback carries ``rate`` (a tc rate string),
+    and workers that reach each other ``rtt`` (a time such as ``"25ms"``) apart.
+
+    With ``rate`` ``"none"`` it makes no namespace and commands run as they are.
     """
 
-    def __init__(self, rate):
+    def __init__(self, rate, rtt="none"):
         self.rate = rate
         self.bits_per_second = parse_rate(rate)
+        self.rtt_seconds = parse_rtt(rtt)
         self.name = f"yolo3-link-{os.getpid()}"
 
     def __enter__(self):
@@ -76,9 +112,11 @@ class RateLimitedLoopback:
             self._previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._run(*self.command(["ip", "link", "set", "lo", "mtu", str(_MTU), "up"]))
+            # Through the relay every byte crosses the loopback twice.
+            rate = f"{self.bits_per_second * (2 if self.rtt_seconds else 1):.0f}bit"
             self._run(
                 *self.command(
-                    ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", self.rate,
+                    ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
                      "burst", _BURST, "latency", "100ms"]
                 )
             )  # fmt: skip
@@ -99,6 +137,47 @@ class RateLimitedLoopback:
         if self.bits_per_second is None:
             return list(argv)
         return ["ip", "netns", "exec", self.name, *argv]
+
+    @contextlib.contextmanager
+    def cluster(self, workers):
+        """Yields, for each of ``workers`` workers, the ``host:port`` list of its
+        ``TF_CONFIG`` (:func:`yolo3.distributed.strategy.tf_config`); with a round-trip time,
+        runs the relay between them until the block ends."""
+        relayed = workers * (workers - 1) if self.rtt_seconds else 0
+        ports = distribute.free_ports(workers + relayed)
+        servers, relays = ports[:workers], iter(ports[workers:])
+        if not self.rtt_seconds:
+            yield [[f"127.0.0.1:{port}" for port in servers]] * workers
+            return
+        lists, pairs = [], []
+        for me in range(workers):
+            addresses = []
+            for peer, port in enumerate(servers):
+                if peer != me:
+                    relay_port = next(relays)
+                    pairs.append(f"{relay_port}:{port}")
+                    port = relay_port
+                addresses.append(f"127.0.0.1:{port}")
+            lists.append(addresses)
+        relay = subprocess.Popen(
+            self.command(
+                [sys.executable, "-m", "benchmarks.relay", repr(self.rtt_seconds / 2), *pairs]
+            ),
+            cwd=_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            if relay.stdout.readline().strip() != "ready":
+                raise LinkUnavailable(f"the relay for --rtt ended with status {relay.wait()}")
+            yield lists
+        finally:
+            relay.terminate()
+            try:
+                relay.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                relay.kill()
+                relay.wait()
 
     def _delete(self):
         subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)

@@ -44,9 +44,12 @@ Each process runs this module: ``python -m benchmarks.scaling CONFIG.json RESULT
 """
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,7 +62,8 @@ import tensorflow as tf
 from keras import ops
 
 from benchmarks import harness
-from benchmarks.link import RateLimitedLoopback, parse_rate
+from benchmarks.cpu_limit import CpuLimit
+from benchmarks.link import RateLimitedLoopback, parse_rate, parse_rtt
 from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import fileio
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, check_allreduce_dtype
@@ -82,12 +86,20 @@ class ScalingConfig:
     sync_bn: str = "auto"  # on with more than one replica, as train.py
     timeout: float = 900.0  # seconds for one run, start-up included
     link: str = "none"  # a tc rate for the loopback (benchmarks.link), or none
+    rtt: str = "none"  # a round-trip time between the workers (benchmarks.link), or none
+    straggler: float = 0.0  # the last worker's share of a core in the worker runs (0: whole)
     # (micro-batches per optimizer step, all-reduce dtype[, PowerSGD rank[, local steps[,
     # overlapped]]], 0: none) of each multi-worker run
     settings: tuple = ((1, "float32", 0, 0, False),)
 
     def __post_init__(self):
         parse_rate(self.link)
+        parse_rtt(self.rtt)
+        if not 0.0 <= self.straggler < 1.0:
+            raise ValueError(
+                f"--straggler {self.straggler:g}: give the last worker's share of a core, "
+                "between 0 and 1 (0: no straggler)"
+            )
         if not self.settings:
             raise ValueError("--settings: give at least one K:DTYPE")
         settings = tuple((*setting, 0, 0, False)[:5] for setting in self.settings)
@@ -155,13 +167,10 @@ class WindowTimer(keras.callbacks.Callback):
 
 
 def _cores(needed):
+    """The core each of ``needed`` processes is pinned to: one each while there are enough,
+    else in turn (``W`` workers on ``C`` cores share them, ``W / C`` to a core)."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < needed:
-        raise ValueError(
-            f"{needed} workers need {needed} cores to pin to; this process may use "
-            f"{len(cores)} ({cores})"
-        )
-    return cores[:needed]
+    return [cores[index % len(cores)] for index in range(needed)]
 
 
 def _environment(tf_config):
@@ -180,43 +189,44 @@ def _run_job(
 ):
     """Starts ``workers`` pinned processes and returns their results.
 
-    One process, or ``independent`` ones, get no TF_CONFIG: each trains alone.
+    One process, or ``independent`` ones, get no TF_CONFIG: each trains alone. Workers of a
+    job reach each other over ``link`` (its round-trip time included); with
+    ``config.straggler`` the last is limited to that share of a core.
     """
-    cores = _cores(workers)
     config_path = os.path.join(directory, "config.json")
     accumulate, dtype, rank, local, overlap = setting
-    job = _job(setting)
-    fileio.write_json(config_path, {**dataclasses.asdict(config), "job": job})
-    addresses = [f"127.0.0.1:{port}" for port in distribute.free_ports(workers)]
+    fileio.write_json(config_path, {**dataclasses.asdict(config), "job": _job(setting)})
+    together = workers > 1 and not independent
+    name = f"{workers}w-{accumulate}-{dtype}-{rank}-{local}-{overlap}-{independent}"
     processes, outputs = [], []
-    try:
-        for index, core in enumerate(cores):
-            together = workers > 1 and not independent
-            tf_config = distribute.tf_config(addresses, index) if together else None
-            output = os.path.join(
-                directory,
-                f"{workers}w-{accumulate}-{dtype}-{rank}-{local}-{overlap}-{independent}-{index}.log",
-            )
-            outputs.append(output)
-            with open(output, "w", encoding="utf-8") as log_file:
-                processes.append(
-                    subprocess.Popen(
-                        link.command(
-                            [sys.executable, "-m", __name__, config_path, f"{output}.json"]
-                        ),
-                        env=_environment(tf_config),
-                        cwd=_ROOT,
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}),
+    with contextlib.ExitStack() as stack:
+        addresses = stack.enter_context(link.cluster(workers)) if together else None
+        slow = stack.enter_context(CpuLimit(config.straggler)) if together else None
+        try:
+            for index, core in enumerate(_cores(workers)):
+                tf_config = distribute.tf_config(addresses[index], index) if together else None
+                output = os.path.join(directory, f"{name}-{index}.log")
+                outputs.append(output)
+                limit = slow if index == workers - 1 else None
+                with open(output, "w", encoding="utf-8") as log_file:
+                    processes.append(
+                        subprocess.Popen(
+                            link.command(
+                                [sys.executable, "-m", __name__, config_path, f"{output}.json"]
+                            ),
+                            env=_environment(tf_config),
+                            cwd=_ROOT,
+                            stdout=log_file,
+                            stderr=subprocess.STDOUT,
+                            preexec_fn=functools.partial(_pin, core, limit),
+                        )
                     )
-                )
-        _wait(processes, outputs, config.timeout)
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            _wait(processes, outputs, config.timeout)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     results = []
     for output in outputs:
         with open(f"{output}.json", encoding="utf-8") as f:
@@ -229,6 +239,13 @@ def _run_job(
         label += _setting_text(setting)
     log(f"  {label}: " + _describe(results, config))
     return results
+
+
+def _pin(core, limit):
+    """In a new process before it runs Python: its core, and its CPU limit if any."""
+    os.sched_setaffinity(0, {core})
+    if limit is not None:
+        limit.join()
 
 
 def _wait(processes, outputs, timeout):
@@ -319,8 +336,9 @@ def run_scaling(config, *, command="", log=print):
     epochs = {key: [] for key in runs}  # the same jobs, by whole epochs
     traffic = {}
     sync_seconds = collections.defaultdict(list)  # local steps: every synchronisation's time
+    collectives, peak_rss = {}, {}  # a step's collectives; each worker's peak RSS (MiB)
     with tempfile.TemporaryDirectory(prefix="yolo3-scaling-") as directory:
-        with RateLimitedLoopback(config.link) as link:
+        with RateLimitedLoopback(config.link, config.rtt) as link:
             for round_index in range(config.rounds):
                 log(f"round {round_index + 1}/{config.rounds} (link {config.link})")
 
@@ -343,6 +361,9 @@ def run_scaling(config, *, command="", log=print):
                     record(key, results)
                     traffic[key] = {**results[0]["traffic"], "sync_bn": results[0]["sync_bn"]}
                     sync_seconds[key] += [t for r in results for t in r["sync_seconds"]]
+                    collectives[key] = results[0]["collectives_per_step"]
+                    rss = [r["peak_rss_mib"] for r in results]
+                    peak_rss[key] = [max(pair) for pair in zip(rss, peak_rss.get(key, rss))]
                     # The report's line: local steps never synchronise batch norm.
                     if not setting[3] or "sync_bn_workers" not in result:
                         result["sync_bn_workers"] = results[0]["sync_bn"]
@@ -414,6 +435,8 @@ def run_scaling(config, *, command="", log=print):
             compute_seconds=accumulate * batch * workers / rows["independent"]["images_per_second"],
             measured_seconds=statistics.median(run["step_seconds"] for run in runs[key]),
             bits_per_second=bits_per_second,
+            rtt=parse_rtt(config.rtt),
+            collectives=collectives[key],
             local_steps=setting[3],
             overlap=setting[4],
             sync_seconds=sync_seconds[key],
@@ -423,6 +446,7 @@ def run_scaling(config, *, command="", log=print):
             * config.step.steps,
         )
         communication[key]["label"] = name
+        communication[key]["peak_rss_mib"] = peak_rss[key]
         communication[key]["wall_of_ceiling"] = wall / ceiling_wall
     result["rows"] = rows
     result["ratios"] = ratios
@@ -431,7 +455,9 @@ def run_scaling(config, *, command="", log=print):
     return result
 
 
-def predicted_seconds(*, steps, compute, epoch_compute, link, local_steps=0, overlap=0):
+def predicted_seconds(
+    *, steps, compute, epoch_compute, link, local_steps=0, overlap=0, latency=0.0
+):
     """``(step, epoch)``: the seconds the link model predicts for a step of an epoch's
     window (its steps after the first, the last one's synchronisation left out) and for a
     whole epoch of ``steps`` optimizer steps.
@@ -439,9 +465,11 @@ def predicted_seconds(*, steps, compute, epoch_compute, link, local_steps=0, ove
     Args:
         compute, epoch_compute: seconds of one step's computation alone: in the window, and
             a whole epoch's per step (its first step's setup included).
-        link: seconds the link needs for one step's collectives, or with ``local_steps``
-            for one synchronisation's.
+        link: seconds the link needs for one step's collectives (their bytes and their
+            round trips), or with ``local_steps`` for one synchronisation's bytes.
         local_steps, overlap: ``H`` (a multiple of ``steps``) and ``T``, or 0.
+        latency: with ``local_steps``, the round trips of one collective: a blocking
+            synchronisation is one, and so is each of the ``T`` chunks of an overlapped one.
 
     All-reduce: every step computes, then sends. Local steps: an epoch starts with nothing
     in flight and ends with a full synchronisation; blocking, every period ends with one;
@@ -453,10 +481,17 @@ def predicted_seconds(*, steps, compute, epoch_compute, link, local_steps=0, ove
         return compute + link, steps * (epoch_compute + link)
     periods = steps // local_steps
     if overlap:
-        waits = (periods - 1) * overlap * max(0.0, link / overlap - compute)
+        waits = (periods - 1) * overlap * max(0.0, link / overlap + latency - compute)
     else:
-        waits = (periods - 1) * link
-    return compute + waits / (steps - 1), steps * epoch_compute + waits + link
+        waits = (periods - 1) * (link + latency)
+    return compute + waits / (steps - 1), steps * epoch_compute + waits + link + latency
+
+
+def round_trips(workers, collectives):
+    """Round trips on the critical path of ``collectives`` ring collectives among
+    ``workers``: each passes its data on in 2 (W - 1) steps, and in each a worker asks its
+    neighbour for the next part and waits for it (TensorFlow's ``RecvBuf``), one round trip."""
+    return 2 * (workers - 1) * collectives
 
 
 def _communication(
@@ -467,6 +502,8 @@ def _communication(
     compute_seconds,
     measured_seconds,
     bits_per_second,
+    rtt=0.0,
+    collectives=0,
     local_steps=0,
     overlap=False,
     sync_seconds=(),
@@ -477,30 +514,42 @@ def _communication(
     """Bytes all-reduced per step and per image; the step and epoch times the link model
     predicts (:func:`predicted_seconds`) beside the measured ones.
 
-    With local steps also one synchronisation's time: the median of every worker's
-    ``sync_seconds``, and the link model's figure for its bytes.
+    ``rtt``: the workers' round-trip time; ``collectives``: those a step holds (with local
+    steps: its own, not the synchronisation's, which is one collective). With local steps
+    also one synchronisation's time: the median of every worker's ``sync_seconds``, and the
+    link model's figure for its bytes.
     """
     per_step = traffic["gradient_bytes"] + traffic["batch_norm_bytes"]
     # A ring all-reduce: each worker sends 2 (W - 1) / W of the tensor; on the shaped
     # loopback every worker's bytes cross the same device.
     on_link = 2 * (workers - 1) * per_step
     predicted = predicted_epoch = None
-    if bits_per_second:
-        link_seconds = 8 * on_link * (local_steps or 1) / bits_per_second
+    latency = rtt * round_trips(workers, 1)
+    if bits_per_second or rtt:
+        seconds_per_byte = 8 / bits_per_second if bits_per_second else 0.0
+        step_latency = collectives * latency
+        compute = compute_seconds + (step_latency if local_steps else 0.0)
+        epoch_compute = (epoch_compute_seconds or compute_seconds) + (
+            step_latency if local_steps else 0.0
+        )
+        link = on_link * (local_steps or 1) * seconds_per_byte
         predicted, predicted_epoch = predicted_seconds(
             steps=steps,
-            compute=compute_seconds,
-            epoch_compute=epoch_compute_seconds or compute_seconds,
-            link=link_seconds,
+            compute=compute,
+            epoch_compute=epoch_compute,
+            link=link if local_steps else link + step_latency,
             local_steps=local_steps,
             overlap=overlap or 0,
+            latency=latency,
         )
     sync = None
     if local_steps and sync_seconds:
         sync = {"measured_seconds": statistics.median(sync_seconds), "predicted_seconds": None}
-        if bits_per_second and not overlap:
+        if (bits_per_second or rtt) and not overlap:
             link_bytes = 2 * (workers - 1) * traffic["gradient_bytes"] * local_steps
-            sync["predicted_seconds"] = 8 * link_bytes / bits_per_second
+            sync["predicted_seconds"] = (
+                8 * link_bytes / bits_per_second if bits_per_second else 0.0
+            ) + latency
     return {
         "synchronisation": sync,
         "bytes_per_step": per_step,
@@ -509,6 +558,8 @@ def _communication(
         "batch_norm_bytes": traffic["batch_norm_bytes"],
         "sync_bn": traffic.get("sync_bn"),
         "bytes_on_link_per_step": on_link,
+        "collectives_per_step": collectives,
+        "round_trip_seconds": rtt,
         "compute_seconds": compute_seconds,
         "epoch_compute_seconds": epoch_compute_seconds,
         "measured_step_seconds": measured_seconds,
@@ -533,10 +584,22 @@ def format_scaling(result):
         ),
         (
             "link",
-            "unshaped loopback"
-            if parse_rate(config["link"]) is None
-            else f"loopback limited to {config['link']} in a private network namespace "
-            "(all processes, the baseline too; the workers share the rate)",
+            (
+                "unshaped loopback"
+                if parse_rate(config["link"]) is None
+                else f"loopback limited to {config['link']} in a private network namespace "
+                "(all processes, the baseline too; the workers share the rate)"
+            )
+            + (
+                f"; workers {config['rtt']} apart (round trip, through a delay line)"
+                if parse_rtt(config["rtt"])
+                else ""
+            )
+            + (
+                f"; the last worker limited to {config['straggler']:g} of a core"
+                if config["straggler"]
+                else ""
+            ),
         ),
         (
             "data",
@@ -554,7 +617,10 @@ def format_scaling(result):
     text = harness.format_report(result, details)
     lines = ["", "communication per optimizer step (K micro-batches per worker):"]
     width = max(len(figures["label"]) for figures in result["communication"].values()) + 2
-    columns = ("MB/step", "KB/image", "compute s", "measured s", "predicted s", "excess ms")
+    columns = (
+        "MB/step", "KB/image", "collectives", "peak MiB", "compute s", "measured s",
+        "predicted s", "excess ms",
+    )  # fmt: skip
     header = f"{'':<{width}}" + "".join(f"{c:>12}" for c in columns)
     lines += [header, "-" * len(header)]
 
@@ -567,15 +633,18 @@ def format_scaling(result):
     for figures in result["communication"].values():
         lines.append(
             f"{figures['label']:<{width}}{figures['bytes_per_step'] / 1e6:>12.2f}"
-            f"{figures['bytes_per_image'] / 1e3:>12.1f}{figures['compute_seconds']:>12.2f}"
+            f"{figures['bytes_per_image'] / 1e3:>12.1f}{figures['collectives_per_step']:>12d}"
+            f"{max(figures['peak_rss_mib']):>12.0f}{figures['compute_seconds']:>12.2f}"
             + cells(figures["measured_step_seconds"], figures["predicted_step_seconds"])
         )
     lines.append(
+        "collectives: in the compiled step; peak MiB: the largest worker's peak RSS; "
         "predicted: compute (a step of the independent processes, same images) + bytes on "
         "the link x 8 / rate, a ring "
-        "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback "
-        "(local steps: the synchronisations within the window; overlapped, a chunk step "
-        "takes the longer of the two); excess: measured - predicted"
+        "all-reduce sending 2 (W - 1) x the bytes per step over the one shaped loopback, + "
+        "2 (W - 1) round trips per collective "
+        "(local steps: the synchronisations within the window, one collective each; "
+        "overlapped, a chunk step takes the longer of the two); excess: measured - predicted"
     )
     steps = step["steps"]
     lines += ["", f"whole epochs of {steps} steps, by wall time (the epoch end included):"]
@@ -634,6 +703,32 @@ def _traffic(trainer, job, replicas):
         "gradient_bytes": trainer.communication.bytes_per_step(trainer.body),
         "batch_norm_bytes": per_micro_batch * job["accumulate"],
     }
+
+
+def _traced(function, depth=4):
+    """The ``tf.function`` objects ``function`` holds (Keras wraps its compiled step in plain
+    functions): ``function`` itself or those in its closures, ``depth`` deep."""
+    if hasattr(function, "_list_all_concrete_functions"):
+        return [function]
+    found = []
+    for cell in getattr(function, "__closure__", None) or ():
+        if depth and callable(cell.cell_contents):
+            found += _traced(cell.cell_contents, depth - 1)
+    return found
+
+
+def _collectives(function):
+    """Collective ops one call of the compiled ``function`` runs (a train step: its
+    all-reduces and gathers), counted in its graphs and the functions they call."""
+    counts = []
+    for traced in _traced(function):
+        for concrete in traced._list_all_concrete_functions():  # noqa: SLF001
+            graph = concrete.graph.as_graph_def()
+            nodes = list(graph.node)
+            for library_function in graph.library.function:
+                nodes += library_function.node_def
+            counts.append(sum(node.op.startswith("Collective") for node in nodes))
+    return max(counts, default=0)
 
 
 def _build_worker_step(config, job, replicas, worker_index=0):
@@ -738,6 +833,8 @@ def worker_main(argv):
             "traffic": _traffic(trainer, job, replicas) if replicas > 1 else None,
             # Each synchronisation of local steps, waits for the other workers included.
             "sync_seconds": [] if sync is None else sync.seconds,
+            "collectives_per_step": _collectives(trainer.train_function) if replicas > 1 else 0,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         },
     )
     return 0

@@ -261,6 +261,7 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     # Epochs of 4 steps, H = 2, T = 1: the first period's change sent in step 3, the second
     # period's synchronised at the epoch's end.
     argv += ["--steps", "4", "--link", "1gbit", "--settings", "1:float32", "1:bfloat16:overlap2/1"]
+    argv += ["--rtt", "2ms"]  # the workers reach each other through the delay line
     assert load_tool("benchmark").main(argv) == 0
 
     output = capsys.readouterr().out
@@ -277,6 +278,12 @@ def test_scaling_on_a_shaped_link_compares_settings(tmp_path, capsys):
     assert plain == {**plain, **_figures_of((1, "float32", 0, 0, False), plain, steps=4)}
     assert local == {**local, **_figures_of((1, "bfloat16", 0, 2, 1), local, steps=4)}
     assert plain["sync_bn"] is True and local["sync_bn"] is False
+    # Counted in the compiled steps: the plain step's gradient all-reduce, its synchronised
+    # batch norms' gathers and reduces and its logs' all-reduce; local steps' logs only.
+    assert plain["collectives_per_step"] > local["collectives_per_step"] >= 1
+    assert plain["round_trip_seconds"] == 0.002 and len(plain["peak_rss_mib"]) == 2
+    assert min(plain["peak_rss_mib"]) > 100  # MiB: TensorFlow and the model are in there
+    assert "2ms apart" in output
     assert "local steps H=2, overlapped over 1 step" in local["label"]
     assert plain["predicted_step_seconds"] > plain["compute_seconds"] > 0
     assert local["measured_step_seconds"] > 0
@@ -307,7 +314,9 @@ def _figures_of(setting, measured=None, steps=2):
         traffic, workers=2, images_per_step=2 * step.batch_size * job["accumulate"],
         compute_seconds=measured["compute_seconds"],
         measured_seconds=measured["measured_step_seconds"], bits_per_second=1e9,
-        local_steps=job["local_steps"], overlap=job["overlap_sync"], steps=steps,
+        rtt=measured.get("round_trip_seconds", 0.0),
+        collectives=measured.get("collectives_per_step", 0), local_steps=job["local_steps"],
+        overlap=job["overlap_sync"], steps=steps,
         epoch_compute_seconds=measured.get("epoch_compute_seconds"),
         measured_epoch_seconds=measured.get("measured_epoch_seconds"),
     )  # fmt: skip
@@ -363,6 +372,66 @@ def test_the_link_model_of_whole_epochs():
     # Over T = 4, each chunk's 0.075 s hides behind its step's computation.
     step, epoch = scaling.predicted_seconds(**times, local_steps=4, overlap=4)
     assert (step, epoch) == pytest.approx((0.1, 0.96 + 0.3))
+
+
+def test_the_link_model_counts_round_trips():
+    # Hand-derived: 4 workers 10 ms apart, so a ring collective waits 2 x 3 round trips,
+    # 0.06 s; a step of 0.1 s of computation whose bytes take 0.3 s (on the one shaped
+    # loopback: 2 x 3 x 6.25 MB at 1 Gbit/s) and which holds 2 collectives.
+    assert scaling.round_trips(4, 1) == 6 and scaling.round_trips(2, 3) == 6
+    traffic = {"gradient_bytes": 6.25e6, "batch_norm_bytes": 0}
+    common = dict(workers=4, images_per_step=8, compute_seconds=0.1, measured_seconds=0.5,
+                  bits_per_second=1e9, rtt=0.01, collectives=2, steps=8,
+                  epoch_compute_seconds=0.12)  # fmt: skip
+    plain = scaling._communication(traffic, **common)
+    assert plain["predicted_step_seconds"] == pytest.approx(0.1 + 0.3 + 2 * 0.06)
+    assert plain["predicted_epoch_seconds"] == pytest.approx(8 * (0.12 + 0.3 + 2 * 0.06))
+    # Local steps, H = 4, blocking, the step's own collective its logs': each step waits
+    # one collective's round trips; each synchronisation sends 4 steps' bytes in one.
+    local = scaling._communication(traffic, **{**common, "collectives": 1}, local_steps=4)
+    sync = 4 * 0.3 + 0.06
+    assert local["predicted_step_seconds"] == pytest.approx(0.1 + 0.06 + sync / 7)
+    assert local["predicted_epoch_seconds"] == pytest.approx(8 * (0.12 + 0.06) + 2 * sync)
+    # Overlapped over T = 2: each chunk step takes its chunk's bytes and round trips.
+    overlapped = scaling._communication(
+        traffic, **{**common, "collectives": 1}, local_steps=4, overlap=2
+    )
+    waits = 2 * (4 * 0.3 / 2 + 0.06 - 0.16)
+    assert overlapped["predicted_step_seconds"] == pytest.approx(0.16 + waits / 7)
+
+
+def test_workers_reach_each_other_a_round_trip_apart():
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    payload = np.random.default_rng(0).bytes(300_000)
+    with link.RateLimitedLoopback("none", "100ms").cluster(2) as addresses:
+        # Each worker's own entry is its server's port; the other's, a relay port.
+        ports = [[int(a.rpartition(":")[2]) for a in listed] for listed in addresses]
+        assert len({ports[0][0], ports[1][1], ports[0][1], ports[1][0]}) == 4
+        server = socket.create_server(("127.0.0.1", ports[1][1]))  # worker 1's server
+
+        def echo():
+            connection, _ = server.accept()
+            with connection:
+                while data := connection.recv(1 << 16):
+                    connection.sendall(data)
+
+        thread = threading.Thread(target=echo, daemon=True)
+        thread.start()
+        with socket.create_connection(("127.0.0.1", ports[0][1])) as client:  # worker 0's way
+            start = time.perf_counter()
+            client.sendall(b"x")
+            assert client.recv(1) == b"x"
+            round_trip = time.perf_counter() - start
+            client.sendall(payload)
+            received = b""
+            while len(received) < len(payload):
+                received += client.recv(1 << 16)
+        server.close()
+    assert 0.1 <= round_trip < 0.2, round_trip
+    assert received == payload
 
 
 def _namespaces_left():
@@ -542,3 +611,28 @@ def test_original_targets_match_build_targets():
     assert sum(float(level[..., 4].sum()) for level in original) > 4
     for level, reference in zip(original, expected):
         np.testing.assert_allclose(level, reference.numpy(), rtol=1e-6)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup with a CPU quota needs root")
+def test_a_cpu_limit_holds_its_process_to_its_share_and_is_removed():
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from benchmarks.cpu_limit import CpuLimit  # noqa: PLC0415
+
+    # One second of a busy loop: the CPU seconds it got over the wall-clock seconds.
+    spin = (
+        "import time\n"
+        "start = time.perf_counter(); cpu = time.process_time()\n"
+        "while time.perf_counter() - start < 1.0: pass\n"
+        "print((time.process_time() - cpu) / (time.perf_counter() - start))\n"
+    )
+    with CpuLimit(0.3) as limit:
+        completed = subprocess.run(
+            [sys.executable, "-c", spin], preexec_fn=limit.join, capture_output=True,
+            text=True, timeout=60, check=True,
+        )  # fmt: skip
+        folder = limit.path
+        assert folder.is_dir()
+    assert float(completed.stdout) < 0.4  # a whole core, or what the machine left it, unlimited
+    assert not folder.exists()

@@ -294,6 +294,23 @@ def _add_scaling(subparsers):
         "namespace; none: the machine's own loopback",
     )
     parser.add_argument(
+        "--rtt",
+        type=argument_type(_round_trip),
+        default="none",
+        metavar="TIME",
+        help="round-trip time between the workers (25ms, 0.1ms, ...): every byte passes a "
+        "delay line of half of it each way; none: the loopback's own",
+    )
+    parser.add_argument(
+        "--straggler",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="limit the last worker to this share of a core (0.5: half) with a cgroup the "
+        "run makes and removes; the one process and the independent ones run unlimited "
+        "(0: none)",
+    )
+    parser.add_argument(
         "--settings",
         nargs="+",
         type=argument_type(_setting),
@@ -312,6 +329,13 @@ def _link_rate(text):
     from benchmarks.link import parse_rate  # noqa: PLC0415
 
     parse_rate(text)
+    return text.strip().lower()
+
+
+def _round_trip(text):
+    from benchmarks.link import parse_rtt  # noqa: PLC0415
+
+    parse_rtt(text)
     return text.strip().lower()
 
 
