@@ -120,10 +120,10 @@ def test_four_replicas_match_one_device_and_checkpoint_loads_without_strategy(se
         np.testing.assert_allclose(np.asarray(output), dump[f"p{index}"], atol=1e-5)
 
 
-def _launch(dump, log_dir, records, anchors, initial, *extra, grace=20):
+def _launch(dump, log_dir, records, anchors, initial, *extra, grace=20, workers=2):
     args = _sgd_args(records, log_dir, anchors, initial, "--batch-size", "4", *extra)
     return [
-        sys.executable, str(LAUNCH), "-n", "2", "--grace", str(grace), "--",
+        sys.executable, str(LAUNCH), "-n", str(workers), "--grace", str(grace), "--",
         sys.executable, str(WORKER), str(dump), "--", *args,
     ]  # fmt: skip
 

@@ -49,15 +49,18 @@ def small_record_set(directory, *, train=32, val=8, num_shards=2, seed=0, noise=
     return write_record_set(directory, splits, num_shards=num_shards)
 
 
-def job_inputs(folder, *, train=8, val=8):
+def job_inputs(folder, *, train=8, val=8, num_shards=2):
     """What a test that runs train.py in processes starts from, written into ``folder``:
     ``(records, anchors, initial)``, a record set of ``train`` and ``val`` noisy records in
-    two shards, an anchors file and tiny-YOLOv3 initial weights for 2 classes.
+    ``num_shards`` shards (a job needs one a worker at least), an anchors file and
+    tiny-YOLOv3 initial weights for 2 classes.
 
     The weights are drawn with seed 0: a float16 run from some random initialisations
     overflows to an infinite loss within a few steps, and the run then rightly stops.
     """
-    records = small_record_set(folder / "records", train=train, val=val, num_shards=2, noise=20)
+    records = small_record_set(
+        folder / "records", train=train, val=val, num_shards=num_shards, noise=20
+    )
     anchors = write_anchors(folder / "anchors.txt")
     initial = str(folder / "init.weights.h5")
     keras.utils.set_random_seed(0)
@@ -72,14 +75,18 @@ def train_args(records, log_dir, anchors, *extra):
     ]  # fmt: skip
 
 
-def assert_only_the_chief_wrote(job, *, epochs, workers):
+def assert_only_the_chief_wrote(job, *, epochs, workers, event_files=2):
     """A multi-worker run's folder holds one set of checkpoints (every epoch kept), one
-    TensorBoard run and one config, all from the chief, and no backups left over."""
+    TensorBoard run and one config, all from the chief, and no backups left over.
+
+    ``event_files``: 2 for a run started once (train, validation); the chief of each start
+    writes a train file of its own, and a validation file where an epoch ended.
+    """
     kept = [f"epoch-{epoch:04d}.weights.h5" for epoch in range(1, epochs + 1)]
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == sorted(
         ["best.weights.h5", "last.weights.h5", "state.weights.h5", *kept]
     )
     assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == epochs
-    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == 2  # train, val
+    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == event_files
     assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == workers
     assert not (job / "backup").exists() or not any((job / "backup").iterdir())

@@ -10,6 +10,8 @@ With ``SNAPSHOT_AFTER_EPOCH=N:FOLDER`` in the environment, the job's ``--log-dir
 to FOLDER once epoch N has ended and every callback has saved what it saves there: the
 folder a run stopped after epoch N leaves, from which ``--resume`` continues it. The resume
 tests take it instead of training the first N epochs a second time.
+
+A run that fails under way ends as train.py's does: one line, ``error: ...``, status 1.
 """
 
 import json
@@ -80,11 +82,22 @@ def main():
     dump_dir, rest = sys.argv[1], sys.argv[2:]
     if rest[:1] == ["--"]:
         rest = rest[1:]
+    from yolo3.cli import KNOWN_ERRORS, run_main
     from yolo3.commands import train
+    from yolo3.engine import training
+
+    return run_main(
+        train.build_parser(),
+        rest,
+        lambda args: _train_and_dump(train.config_from_args(args), dump_dir),
+        errors=(*KNOWN_ERRORS, training.XlaCompileError),
+    )
+
+
+def _train_and_dump(config, dump_dir):
     from yolo3.data import records
     from yolo3.engine import training
 
-    config = train.config_from_args(train.build_parser().parse_args(rest))
     training.configure(config)
     if SNAPSHOT_ENV in os.environ:
         epoch, folder = os.environ[SNAPSHOT_ENV].split(":", 1)
