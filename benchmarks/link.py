@@ -39,8 +39,6 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 # packet and TCP connections hang.
 _MTU = 9000
 _BURST = "128kb"
-
-
 _ROOT = Path(__file__).resolve().parents[1]
 _TIME_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0}
 
@@ -49,18 +47,21 @@ class LinkUnavailable(ValueError):
     """This machine cannot shape a loopback (not root, or no ``ip``/``tc``)."""
 
 
+def _amount(text, units, flag, what):
+    """``"25ms"`` with ``units`` ``{"ms": 1e-3, ...}`` -> 0.025; ``what`` and ``flag`` name
+    it in the error."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
+    if not match or match.group(2) not in units or float(match.group(1)) <= 0:
+        raise ValueError(f"{flag} {text!r}: use {what} ({', '.join(units)}), or none")
+    return float(match.group(1)) * units[match.group(2)]
+
+
 def parse_rate(text):
     """``"100mbit"`` -> 1e8 bits per second; ``"none"`` -> None (no shaping)."""
     text = text.strip().lower()
     if text == "none":
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
-    if not match or match.group(2) not in _RATE_UNITS or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"--link {text!r}: use a rate in tc's units ({', '.join(_RATE_UNITS)}), e.g. "
-            "100mbit or 1gbit, or none"
-        )
-    return float(match.group(1)) * _RATE_UNITS[match.group(2)]
+    return _amount(text, _RATE_UNITS, "--link", "a rate in tc's units, e.g. 100mbit or 1gbit")
 
 
 def parse_rtt(text):
@@ -68,13 +69,7 @@ def parse_rtt(text):
     text = text.strip().lower()
     if text in ("none", "0"):
         return 0.0
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
-    if not match or match.group(2) not in _TIME_UNITS or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"--rtt {text!r}: use a round-trip time in {', '.join(_TIME_UNITS)}, e.g. 25ms or "
-            "0.1ms, or none"
-        )
-    return float(match.group(1)) * _TIME_UNITS[match.group(2)]
+    return _amount(text, _TIME_UNITS, "--rtt", "a round-trip time, e.g. 25ms or 0.1ms")
 
 
 class RateLimitedLoopback:

@@ -9,7 +9,9 @@ always the one in the file. Every value drawn is read from a JSON file; nothing 
 here. A kind of benchmark with no JSON file in the folder is left out.
 
 - ``scaling``: scaling efficiency by setting and link (one JSON file per ``--link``);
-- ``detect``: median latency at batch 1 by engine, one core and all cores.
+- ``detect``: median latency at batch 1 by engine, one core and all cores;
+- ``prediction``: the link model's efficiency of the best setting by workers, link rate and
+  round trip (``tools/benchmark.py predict``).
 """
 
 import argparse
@@ -71,13 +73,15 @@ def _machine(result):
 def load_results(data_dir):
     """``{kind: [(path, result)]}`` of the benchmark JSON files in ``data_dir``, told apart by
     their contents."""
-    found = {"scaling": [], "detect": []}
+    found = {"scaling": [], "detect": [], "prediction": []}
     for path in sorted(Path(data_dir).glob("*.json")):
         result = json.loads(path.read_text(encoding="utf-8"))
         if "communication" in result:
             found["scaling"].append((path, result))
         elif "export_seconds" in result:
             found["detect"].append((path, result))
+        elif "assumed" in result:
+            found["prediction"].append((path, result))
     return found
 
 
@@ -163,6 +167,35 @@ def detect_figure(results):
     return _svg(figure)
 
 
+def prediction_figure(results):
+    """Predicted efficiency of each cell's best setting against the workers, one line per
+    link rate (solid: 0.1 ms round trip; dashed: 25 ms), one panel per model."""
+    rows = [row for _, result in results for row in result["rows"]]
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    figure, all_axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for axes, model in zip(all_axes[0], models):
+        links = list(dict.fromkeys(row["link"] for row in rows))
+        for index, link in enumerate(links):
+            color = f"C{index}"
+            for rtt, style in (("0.1 ms", "-"), ("25 ms", "--")):
+                cells = [r for r in rows if (r["model"], r["link"], r["rtt"]) == (model, link, rtt)]
+                workers = [r["workers"] for r in cells]
+                best = [r["efficiency"][r["recommended"]] for r in cells]
+                axes.plot(workers, best, style, color=color, marker="o",
+                          label=f"{link}, {rtt}")  # fmt: skip
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(
+            sorted({r["workers"] for r in rows}),
+            [str(w) for w in sorted({r["workers"] for r in rows})],
+        )
+        axes.set_ylim(0, 1.05)
+        axes.set_xlabel("workers (one GPU each, a link each)")
+        axes.set_ylabel("predicted efficiency, best setting")
+        axes.set_title(f"{model}: predicted by the link model")
+        axes.legend(fontsize=7, ncol=2)
+    return _svg(figure)
+
+
 def draw_all(data_dir=HERE / "data"):
     """Every plot whose JSON is in ``data_dir``, as :class:`Figure` objects."""
     found = load_results(data_dir)
@@ -170,6 +203,7 @@ def draw_all(data_dir=HERE / "data"):
     for kind, title, draw in (
         ("scaling", "Scaling efficiency by link and setting", scaling_figure),
         ("detect", "Latency by engine", detect_figure),
+        ("prediction", "Predicted efficiency at 16 to 256 workers", prediction_figure),
     ):
         results = found[kind]
         if not results:

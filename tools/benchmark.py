@@ -6,6 +6,7 @@
     python tools/benchmark.py scaling [--input-size 128] [--batch-size 8] [--sync-bn auto]
         [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4 1:bfloat16:local16]
     python tools/benchmark.py detect [--model-types tiny yolov3] [--weights W --records R]
+    python tools/benchmark.py predict --collectives 3:1 [--json prediction.json]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -35,6 +36,12 @@ exported artifact (SavedModel, ONNX, TFLite float32 / float16 / int8) and OpenCV
 same weights written in Darknet format, for tiny and YOLOv3, batch 1 and 8, one core and all
 cores: median and p90 latency, images/s, ratios against OpenCV, and with ``--records`` each
 engine's mAP@0.5.
+
+``predict`` (:mod:`benchmarks.prediction`): no measurement: the scaling benchmark's link
+model applied to W = 16, 64 and 256 GPU machines, each with its own link, for tiny and
+YOLOv3 at 416 px, four link rates and two round-trip times, every communication setting
+and the best of each cell, from an assumed GPU step time (named in the output) and the
+collectives per step the scaling benchmark counted (``--collectives``). Seconds.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -413,6 +420,48 @@ def _add_detect(subparsers):
     parser.set_defaults(handler=_run_detect)
 
 
+def _run_predict(args):
+    from benchmarks.prediction import format_prediction, predict  # noqa: PLC0415
+
+    def run(collectives, *, command, log):
+        del log
+        return {"command": command, **predict(collectives)}
+
+    return _measure(run, format_prediction, args.collectives, args)
+
+
+def _collective_counts(text):
+    plain, _, local = text.partition(":")
+    if not (plain.isdigit() and local.isdigit() and int(plain) >= 1 and int(local) >= 1):
+        raise ValueError(
+            f"--collectives {text!r}: give N:M, the collectives of a plain all-reduce step "
+            "and of a local step, as the scaling benchmark's 'collectives' column counts them"
+        )
+    return {"all_reduce": int(plain), "local": int(local)}
+
+
+def _add_predict(subparsers):
+    from yolo3.cli import argument_type  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        "predict",
+        help="the link model's efficiency at 16-256 GPU workers (no measurement)",
+        description="Predicted scaling efficiency for tiny and YOLOv3 at W = 16, 64, 256 "
+        "workers over 100 Mbit/s to 100 Gbit/s links, 25 ms and 0.1 ms round trips, every "
+        "communication setting, from the link model the scaling benchmark checks.",
+    )
+    parser.add_argument(
+        "--collectives",
+        type=argument_type(_collective_counts),
+        required=True,
+        metavar="N:M",
+        help="collectives in a plain all-reduce step and in a local step (the scaling "
+        "benchmark's 'collectives' column)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also save the table as JSON")
+    parser.set_defaults(handler=_run_predict)
+
+
 def build_parser():
     parser = ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
@@ -420,6 +469,7 @@ def build_parser():
     _add_train(subparsers)
     _add_scaling(subparsers)
     _add_detect(subparsers)
+    _add_predict(subparsers)
     return parser
 
 
