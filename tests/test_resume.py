@@ -2,7 +2,8 @@
 
 Each worker keeps its two newest backups; a rerun agrees on the newest step all of them
 hold, broadcasts the chief's state and continues from that very step, mid-epoch included.
-SIGTERM to one worker stops both after the same step, with backups there, exit status 143.
+(SIGTERM to one worker of eight stops all after the same step, with backups there, exit
+status 143: tests/test_eight_workers.py.)
 
 The data is arranged so that a step's batches cannot depend on the position in the input
 stream (which starts afresh after a resume): each worker reads one shard of 4 records, in
@@ -132,36 +133,6 @@ def test_killed_during_a_save_the_workers_resume_from_the_step_both_hold(
     log = _finish_and_check(command, tmp_path, "killed", uninterrupted)
     restored = re.findall(r"\[worker (\d)\] restored backup \S+backup-(\d+)\.weights\.h5", log)
     assert sorted(restored) == [("0", f"{agreed:09d}"), ("1", f"{agreed:09d}")], log[-3000:]
-
-
-def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_rerun_ends_alike(
-    setup,
-    uninterrupted,
-    tmp_path,
-):
-    command = _command(setup, tmp_path, "preempted")
-    launcher = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        _poll(lambda: _backups(tmp_path, 1), "the first backup")
-        os.kill(_worker_pid(launcher.pid, 1), signal.SIGTERM)
-        signalled = time.monotonic()
-        output, _ = launcher.communicate(timeout=180)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == PREEMPTED_STATUS, output[-3000:]
-    assert time.monotonic() - signalled < 120
-    assert "[worker 1] stop requested (signal SIGTERM here)" in output
-    assert "[worker 0] stop requested (another worker)" in output
-    # Both stopped after the same step and backed it up.
-    stopped = [_backups(tmp_path, worker)[-1] for worker in (0, 1)]
-    assert stopped[0].name == stopped[1].name
-    assert _step(stopped[0]) < STEPS_PER_EPOCH * EPOCHS
-    assert read_metadata(str(stopped[0]))["step"] == _step(stopped[0])
-
-    _finish_and_check(command, tmp_path, "preempted", uninterrupted)
 
 
 def test_preemption_of_a_single_process(setup, tmp_path):

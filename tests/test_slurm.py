@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from slurm_cluster import SlurmCluster, missing_programs, task_pids
 from train_helpers import (
-    assert_only_the_chief_wrote,
     job_inputs,
     train_args,
 )
@@ -125,26 +124,6 @@ def _port_base(count):
             for sock in sockets:
                 sock.close()
     raise AssertionError(f"no {count} consecutive free ports found")
-
-
-@needs_slurm
-def test_srun_trains_one_two_worker_job_that_only_the_chief_writes(cluster, data, tmp_path):
-    base = _port_base(2)
-    args = _args(data, tmp_path / "job", "--epochs", "2", "--steps-per-epoch", "1")
-    args += ["--checkpoint-every", "1", "--slurm-port-base", str(base)]
-    command = _srun("two-workers") + _worker(tmp_path / "dump", args)
-    log = _trained(
-        cluster.run(command, job_name="two-workers", timeout=TIMEOUT, env=_environment())
-    )
-    # One job of two workers, built from Slurm's variables: task k on localhost:base+k.
-    addresses = [f"localhost:{base}", f"localhost:{base + 1}"]
-    assert _cluster_specs(log) == [(addresses, 0), (addresses, 1)]
-    assert log.count("2 replicas x 4 = global batch 8") == 2
-    assert "worker 1/2" in log and "worker 2/2" in log
-    chief = _weights(tmp_path / "dump/task-0/worker-0.npz")
-    other = _weights(tmp_path / "dump/task-1/worker-0.npz")
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(chief, other)) == 0.0
-    assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
 
 
 @needs_slurm
