@@ -55,9 +55,10 @@ def _sleep(seconds):
 @pytest.mark.parametrize("replicas, accumulate", [(1, 2), (4, 1)])
 def test_a_slow_input_pipeline_reads_as_input_wait(request, replicas, accumulate):
     strategy = request.getfixturevalue("four_replicas") if replicas > 1 else None
-    # A batch takes 0.15 s to make, a step on 4 images of 64 px per replica about 20 ms:
-    # most of each step waits for input, with or without prefetching.
-    dataset = _batches(replicas).map(_sleep(0.15))
+    # A batch takes 0.4 s to make, a step on 4 images of 64 px per replica about 20 ms
+    # alone and a few times that beside a busy suite: most of each step waits for input,
+    # with or without prefetching.
+    dataset = _batches(replicas).map(_sleep(0.4))
     wait, _ = _fit(dataset, strategy, accumulate=accumulate)
     assert wait > 0.5
 
