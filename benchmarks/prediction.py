@@ -134,8 +134,8 @@ def predict(collectives):
 
     ``collectives``: ``{"all_reduce": n, "local": m}``, counted in compiled steps."""
     rows = []
-    for model_type in GPU_STEPS:
-        load = workload(model_type)
+    loads = {name: workload(name) for name in GPU_STEPS}
+    for model_type, load in loads.items():
         for rate_name, bits in RATES.items():
             for rtt_name, rtt in ROUND_TRIPS.items():
                 for workers in WORKERS:
@@ -153,7 +153,6 @@ def predict(collectives):
                         "model": model_type, "link": rate_name, "rtt": rtt_name,
                         "workers": workers, "efficiency": cells, "recommended": best,
                     })  # fmt: skip
-    loads = {name: workload(name) for name in GPU_STEPS}
     return {
         "rows": rows,
         "assumed": {

@@ -330,7 +330,6 @@ def run_scaling(config, *, command="", log=print):
         "load_average_start": harness.load_average(),
         "config": dataclasses.asdict(config),
     }
-    _cores(config.workers)
     runs = {"single": [], "independent": []}
     runs.update({_setting_key(setting): [] for setting in config.settings})
     epochs = {key: [] for key in runs}  # the same jobs, by whole epochs
@@ -528,16 +527,15 @@ def _communication(
     if bits_per_second or rtt:
         seconds_per_byte = 8 / bits_per_second if bits_per_second else 0.0
         step_latency = collectives * latency
-        compute = compute_seconds + (step_latency if local_steps else 0.0)
-        epoch_compute = (epoch_compute_seconds or compute_seconds) + (
-            step_latency if local_steps else 0.0
-        )
-        link = on_link * (local_steps or 1) * seconds_per_byte
+        # Local steps wait for the step's own collectives beside its computation; the
+        # all-reduce's are part of its link time.
+        waited = step_latency if local_steps else 0.0
+        link = on_link * (local_steps or 1) * seconds_per_byte + step_latency - waited
         predicted, predicted_epoch = predicted_seconds(
             steps=steps,
-            compute=compute,
-            epoch_compute=epoch_compute,
-            link=link if local_steps else link + step_latency,
+            compute=compute_seconds + waited,
+            epoch_compute=(epoch_compute_seconds or compute_seconds) + waited,
+            link=link,
             local_steps=local_steps,
             overlap=overlap or 0,
             latency=latency,
