@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, tiny_model
 from record_sets import make_examples, write_record_set
+from tensorflow.python.data.ops import dataset_ops
 
+from yolo3.data import autotune, records
 from yolo3.data import pipeline as data
-from yolo3.data import records
 from yolo3.model.loss import yolo_loss
 from yolo3.model.targets import build_targets
 
@@ -270,3 +271,31 @@ def test_synthetic_dataset_and_throughput(raw_set):
     assert data.measure_throughput(finite, warmup_batches=1)["images"] == 5 - 2
     with pytest.raises(ValueError, match="forever"):
         data.measure_throughput(dataset)
+
+
+def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
+    """tf.data's autotuning thread makes deleting an iterator wait for its next wake-up
+    once the iterator has run about 20 s: 16 s for one deleted after 25 s, up to a minute
+    in a long run (yolo3/data/autotune.py). Every dataset the trainer iterates has it off:
+    the record pipeline, the synthetic batches, and the per-device datasets through which
+    a strategy hands each replica its batch."""
+    autotune.untune_device_datasets()  # as yolo3.engine.builders.build_datasets does
+
+    def pipeline(context=None):
+        return data.make_dataset(
+            raw_set, "train", batch_size=1, training=True, targets=False,
+            input_context=context, **PIPELINE,
+        )  # fmt: skip
+
+    synthetic = data.synthetic_dataset(batch_size=1, input_hw=(SIZE, SIZE), **PIPELINE)
+    assert not pipeline().options().autotune.enabled
+    assert not synthetic.options().autotune.enabled
+    distributed = iter(four_replicas.distribute_datasets_from_function(pipeline))
+    (worker,) = distributed._iterators  # one worker's multi-device iterator
+    devices = [iterator._dataset for iterator in worker._iterator._device_iterators]
+    assert len(devices) == 4
+    # What reaches TensorFlow's runtime is the options of an OptionsDataset on top (the
+    # Python-side `options()` of a per-device dataset reports its source's, not its own).
+    for device in devices:
+        assert isinstance(device, dataset_ops._OptionsDataset), type(device)
+        assert not device._options_attr.autotune.enabled

@@ -15,7 +15,6 @@ Exit status: 0 on success, 1 when ``--verify`` finds problems, 2 on bad usage or
 """
 
 import argparse
-import os
 import sys
 
 from yolo3.cli import start_tensorflow
@@ -34,14 +33,8 @@ from yolo3.cli import (
 )
 from yolo3.data import preprocess
 from yolo3.data.augment import AugmentConfig
+from yolo3.distributed.devices import available_cores
 from yolo3.model.resources import parse_size, read_classes
-
-
-def _available_cores():
-    # The cores this process may use (taskset, container cpusets), not all of the machine's.
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def build_parser():
@@ -100,7 +93,7 @@ def build_parser():
     run.add_argument(
         "--workers",
         type=int,
-        default=_available_cores(),
+        default=available_cores(),
         help="worker processes (default: all cores); the output does not depend on it",
     )
     run.add_argument("--strict", action="store_true", help="any rejected input is an error")

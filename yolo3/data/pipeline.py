@@ -34,7 +34,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from yolo3.data import records
+from yolo3.data import autotune, records
 from yolo3.model.targets import build_targets
 
 logger = logging.getLogger(__name__)
@@ -233,12 +233,11 @@ def make_dataset(
         dataset = dataset.map(
             to_targets, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
         )
+    options = autotune.untuned_options()
     if input_context is not None:
-        options = tf.data.Options()
         # The files are already split between pipelines above; sharding again would lose data.
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def synthetic_dataset(
@@ -273,7 +272,8 @@ def synthetic_dataset(
         num_classes=num_classes,
         anchor_masks=anchor_masks,
     )
-    return tf.data.Dataset.from_tensors((tf.constant(images), targets)).repeat()
+    dataset = tf.data.Dataset.from_tensors((tf.constant(images), targets)).repeat()
+    return dataset.with_options(autotune.untuned_options())
 
 
 def measure_throughput(dataset, *, batches=None, seconds=None, warmup_batches=2):

@@ -38,6 +38,7 @@ from yolo3.data import annotations as annotations_io
 from yolo3.data import hygiene
 from yolo3.data.augment import AugmentConfig, clip_boxes, letterbox, random_augment
 from yolo3.data.image import to_rgb
+from yolo3.distributed.devices import available_cores
 from yolo3.progress import counter
 
 SPLIT_IDS = {"train": 0, "val": 1}
@@ -432,7 +433,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
     """
     from yolo3.data import records  # noqa: PLC0415 - TensorFlow: parent only
 
-    workers = workers or os.cpu_count() or 1
+    workers = workers or available_cores()
     dataset = load_dataset(config)
     if strict and dataset.rejects:
         raise RejectError(_describe_rejects(STRICT_HEADER, dataset.rejects))

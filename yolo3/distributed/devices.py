@@ -18,6 +18,7 @@ each branch a GPU takes is tested on a CPU by passing a description; only
 """
 
 import dataclasses
+import os
 
 MIXED_PRECISION_CHOICES = ("auto", "off", "float16", "bfloat16")
 JIT_COMPILE_CHOICES = ("auto", "on", "off")
@@ -30,6 +31,14 @@ class GpuInfo:
     name: str
     device_name: str = ""
     compute_capability: tuple | None = None
+
+
+def available_cores():
+    """The CPU cores this process may use (taskset, container cpusets), not all of the
+    machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def describe_gpus(count=None):

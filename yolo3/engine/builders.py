@@ -17,7 +17,7 @@ import numpy as np
 from yolo3 import callbacks as yolo_callbacks
 from yolo3.checkpoint.weights import check_model_type, load_weights
 from yolo3.comm.allreduce import communication_options
-from yolo3.data import multiscale, records
+from yolo3.data import autotune, multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
@@ -366,6 +366,7 @@ def build_datasets(config, setup, strategy, log):
             **options,
         )
 
+    autotune.untune_device_datasets()
     train = strategy.distribute_datasets_from_function(train_fn)
     if not data.val_source:
         return Datasets(train, None, None)
