@@ -277,7 +277,7 @@ def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
     """tf.data's autotuning thread makes deleting an iterator wait for its next wake-up
     once the iterator has run about 20 s: 16 s for one deleted after 25 s, up to a minute
     in a long run (yolo3/data/autotune.py). Every dataset the trainer iterates has it off:
-    the record pipeline, the synthetic batches, and the per-device datasets through which
+    the record pipeline, the synthetic batches, a shard read for evaluation, and the per-device datasets through which
     a strategy hands each replica its batch."""
     autotune.untune_device_datasets()  # as yolo3.engine.builders.build_datasets does
 
@@ -290,6 +290,8 @@ def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
     synthetic = data.synthetic_dataset(batch_size=1, input_hw=(SIZE, SIZE), **PIPELINE)
     assert not pipeline().options().autotune.enabled
     assert not synthetic.options().autotune.enabled
+    shard = records.open_record_set(raw_set).shard_paths("val")[0]
+    assert not records.read_shard(shard).options().autotune.enabled  # evaluation's reader
     distributed = iter(four_replicas.distribute_datasets_from_function(pipeline))
     (worker,) = distributed._iterators  # one worker's multi-device iterator
     devices = [iterator._dataset for iterator in worker._iterator._device_iterators]

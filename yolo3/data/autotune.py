@@ -16,7 +16,9 @@ buffer whenever its consumer finds it empty. The record pipeline ran as fast, wi
 noise of two runs a side (``python tools/benchmark.py io``; Benchmarks page).
 
 Two places take the options: :func:`untuned_options`, for the datasets this package
-builds, and :func:`untune_device_datasets`, for the per-device datasets through which
+builds (the training pipeline, the synthetic batches, and
+:func:`yolo3.data.records.read_shard`, through which evaluation and the record checks read
+a shard), and :func:`untune_device_datasets`, for the per-device datasets through which
 ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` hand each replica its batch:
 ``tf.distribute`` builds those itself, with default options (the options of the dataset it
 distributes do not reach them), and they too would start the thread. Each is only a buffer

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import fileio
+from yolo3.data import autotune
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.txt"
@@ -96,6 +97,12 @@ def serialize_example(record):
     # Protobuf writes map entries (the features) in an order that may change from one
     # process to the next; sorted keys keep shards byte-identical across runs and resumes.
     return example.SerializeToString(deterministic=True)
+
+
+def read_shard(path):
+    """The serialized records of one shard file, in order, read by an iterator that is
+    deleted at once when its reader stops (no autotuning thread: :mod:`yolo3.data.autotune`)."""
+    return tf.data.TFRecordDataset(path).with_options(autotune.untuned_options())
 
 
 def parse_example(serialized, image_format):
@@ -345,7 +352,7 @@ def verify(records_dir, *, check_checksums=True):
                 problems.append(f"{path}: sha256 differs from the manifest (file changed)")
             found = 0
             try:
-                for index, serialized in enumerate(tf.data.TFRecordDataset(path)):
+                for index, serialized in enumerate(read_shard(path)):
                     found += 1
                     where = f"{path} record {index}"
                     problems.extend(
@@ -405,7 +412,7 @@ def find_damage(record_set):
     for path in resized + [path for path in every if path not in resized]:
         index = 0
         try:
-            for _ in tf.data.TFRecordDataset(path):
+            for _ in read_shard(path):
                 index += 1
         except tf.errors.DataLossError as err:
             return path, index, _read_problem(err.message)

@@ -62,10 +62,8 @@ class Evaluation:
 
 def iterate_records(record_set, split="val"):
     """Yields ``(image, truth)`` from a record set: uint8 arrays and boxes in their frame."""
-    import tensorflow as tf  # noqa: PLC0415 - only record sets need it
-
     for path in records.open_record_set(record_set).shard_paths(split):
-        for serialized in tf.data.TFRecordDataset(path):
+        for serialized in records.read_shard(path):
             record = records.parse_example_numpy(serialized.numpy())
             image = record["image"]
             yield (
