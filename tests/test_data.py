@@ -277,8 +277,8 @@ def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
     """tf.data's autotuning thread makes deleting an iterator wait for its next wake-up
     once the iterator has run about 20 s: 16 s for one deleted after 25 s, up to a minute
     in a long run (yolo3/data/autotune.py). Every dataset the trainer iterates has it off:
-    the record pipeline, the synthetic batches, a shard read for evaluation, and the per-device datasets through which
-    a strategy hands each replica its batch."""
+    the record pipeline, the synthetic batches, a shard read for evaluation, and the
+    per-device datasets through which a strategy hands each replica its batch."""
     autotune.untune_device_datasets()  # as yolo3.engine.builders.build_datasets does
 
     def pipeline(context=None):
