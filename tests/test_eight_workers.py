@@ -280,6 +280,7 @@ def _preempt_kill_resume(launcher, tmp_path):
         print(f"  worker {worker}: {errors[0][:160] if errors else text[-1:]}")
         assert len(errors) == 1, (worker, text[-20:])
         assert f"error: worker {worker}: a collective with the other workers failed" in errors[0]
+        assert "Graph execution error" not in errors[0]  # the cause, not the header
     assert "Traceback" not in log, log[-4000:]
     assert ended_in < KILLED_WITHIN
     # The killed worker holds a backup fewer than the others: its newest never completed.

@@ -380,3 +380,36 @@ def test_a_shard_cut_at_a_records_end_is_found_at_the_start_and_at_the_next_epoc
     ]
     _assert_complete(first_backup)
     assert read_metadata(str(log_dir / "checkpoints" / "last.weights.h5"))["epoch"] == 1
+
+
+def test_a_lost_worker_is_named_by_its_cause_not_tensorflows_header():
+    """What a surviving worker's one line says in brackets: the cause at the end of the chain
+    of aborted collectives, not "Graph execution error:" (messages as TensorFlow 2.21 raised
+    them when another worker was killed, the trace shortened)."""
+    from yolo3.engine.training import _cause
+
+    trace = (
+        "Graph execution error:\n\nDetected at node sgd/CollectiveReduceV2 defined at (most "
+        'recent call last):\n  File "train.py", line 129, in <module>\n\n'
+    )
+    tail = (
+        "\nThe error could be from a previous operation. Restart your program to reset.\n"
+        "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_function_4038]"
+    )
+    reset = "Collective ops is aborted by: recvmsg:Connection reset by peer"
+    refused = (
+        "Collective ops is aborted by: Collective ops is aborted by: failed to connect to all "
+        "addresses; last error: UNKNOWN: ipv4:127.0.0.1:46439: Failed to connect to remote "
+        "host: Connection refused"
+    )
+    assert _cause(tf.errors.UnavailableError(None, None, trace + reset + tail)) == (
+        "recvmsg:Connection reset by peer"
+    )
+    assert _cause(tf.errors.UnavailableError(None, None, trace + refused + tail)).startswith(
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:46439"
+    )
+    timeout = "Deadline Exceeded: no heartbeat from task 1 for 30 s"
+    assert _cause(tf.errors.DeadlineExceededError(None, None, trace + timeout)) == timeout
+    assert _cause(tf.errors.UnavailableError(None, None, trace + "Socket closed")) == (
+        "Socket closed"
+    )

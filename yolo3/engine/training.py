@@ -282,13 +282,21 @@ _COLLECTIVE_FAILURES = (
 
 
 def _cause(error):
-    """The line of a collective's error that says what happened (not the traceback)."""
+    """The line of a collective's error that says what happened, not TensorFlow's header
+    ("Graph execution error:") or the trace of where the op was defined."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     for line in lines:
         lowered = line.lower()
         if any(word in lowered for word in ("heartbeat", "deadline", "timed out", "unhealthy")):
             return line[:300]
-    return lines[0][:300] if lines else "no message"
+    for line in lines:
+        if "aborted by:" in line:
+            # "Collective ops is aborted by: " once for every worker the failure passed
+            # through; what is left is where it started.
+            return line.rpartition("aborted by:")[2].strip()[:300]
+    generic = ("Graph execution error:", "Detected at node", "File ")
+    meaningful = [line for line in lines if not line.startswith(generic)]
+    return (meaningful or lines or ["no message"])[0][:300]
 
 
 def read_config(path):
