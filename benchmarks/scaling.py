@@ -68,6 +68,7 @@ from benchmarks.train_step import TrainStepConfig, build_step
 from yolo3 import fileio
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, check_allreduce_dtype
 from yolo3.comm.schemes import communication_from
+from yolo3.data import autotune
 from yolo3.distributed import strategy as distribute
 from yolo3.model.layers import SyncBatchNormalization
 
@@ -791,11 +792,12 @@ def worker_main(argv):
     def dataset_fn(context):
         del context  # one in-memory batch per process, nothing to split
         dataset = tf.data.Dataset.from_tensors((images, boxes)).repeat()
-        options = tf.data.Options()
+        options = autotune.untuned_options()  # as the trainer's pipelines
         options.threading.private_threadpool_size = 1
         options.threading.max_intra_op_parallelism = 1
         return dataset.with_options(options)
 
+    autotune.untune_device_datasets()
     data = strategy.distribute_datasets_from_function(dataset_fn)
     step = config.step
     trainer.fit(
