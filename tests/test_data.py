@@ -10,6 +10,7 @@ from tensorflow.python.data.ops import dataset_ops
 
 from yolo3.data import autotune, records
 from yolo3.data import pipeline as data
+from yolo3.distributed.devices import available_cores
 from yolo3.model.loss import yolo_loss
 from yolo3.model.targets import build_targets
 
@@ -288,10 +289,11 @@ def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
         )  # fmt: skip
 
     synthetic = data.synthetic_dataset(batch_size=1, input_hw=(SIZE, SIZE), **PIPELINE)
-    assert not pipeline().options().autotune.enabled
-    assert not synthetic.options().autotune.enabled
     shard = records.open_record_set(raw_set).shard_paths("val")[0]
-    assert not records.read_shard(shard).options().autotune.enabled  # evaluation's reader
+    for dataset in (pipeline(), synthetic, records.read_shard(shard)):  # the last: evaluation's
+        tuning = dataset.options().autotune
+        assert tuning.enabled is False  # None, TensorFlow's default, leaves it on
+        assert tuning.initial_parallelism == available_cores()
     distributed = iter(four_replicas.distribute_datasets_from_function(pipeline))
     (worker,) = distributed._iterators  # one worker's multi-device iterator
     devices = [iterator._dataset for iterator in worker._iterator._device_iterators]
@@ -300,4 +302,4 @@ def test_the_trainers_pipelines_start_no_tuning_thread(raw_set, four_replicas):
     # Python-side `options()` of a per-device dataset reports its source's, not its own).
     for device in devices:
         assert isinstance(device, dataset_ops._OptionsDataset), type(device)
-        assert not device._options_attr.autotune.enabled
+        assert device._options_attr.autotune.enabled is False

@@ -39,6 +39,7 @@ def tour(args):
     """Trains on generated shapes with a hand-written loop, then detects on held-out ones."""
     import tensorflow as tf
 
+    from yolo3.data import autotune
     from yolo3.data.synthetic import CLASS_NAMES, make_dataset
     from yolo3.inference.detect import Detector
     from yolo3.model.loss import LOSS_TERMS, replica_loss, yolo_loss
@@ -66,6 +67,7 @@ def tour(args):
         .batch(args.batch_size, drop_remainder=True)
         .map(to_batch, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(2)
+        .with_options(autotune.untuned_options())  # ends at once when deleted
     )
     model = build_model("tiny", num_classes, input_size=size)
     optimizer = tf.keras.optimizers.Adam(args.lr)

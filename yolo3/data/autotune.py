@@ -28,7 +28,6 @@ of one batch, which the model has nothing to tune in.
 import functools
 
 import tensorflow as tf
-from tensorflow.python.data.ops import multi_device_iterator_ops
 
 from yolo3.distributed.devices import available_cores
 
@@ -46,7 +45,11 @@ def untune_device_datasets():
     """Makes ``tf.distribute``'s multi-device iterators build their per-device datasets
     with the autotuning model off (``multi_device_iterator_ops._create_device_dataset``,
     the one function that builds them, wrapped once per process). A TensorFlow without that
-    function is left as it is: its runs then only end later (tests/test_data.py fails)."""
+    module or function is left as it is: its runs then only end later (tests/test_data.py fails)."""
+    try:
+        from tensorflow.python.data.ops import multi_device_iterator_ops  # noqa: PLC0415
+    except ImportError:
+        return
     original = getattr(multi_device_iterator_ops, "_create_device_dataset", None)
     if original is None or getattr(original, "untuned", False):
         return

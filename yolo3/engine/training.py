@@ -290,11 +290,12 @@ def _cause(error):
         if any(word in lowered for word in ("heartbeat", "deadline", "timed out", "unhealthy")):
             return line[:300]
     for line in lines:
-        if "aborted by:" in line:
-            # "Collective ops is aborted by: " once for every worker the failure passed
-            # through; what is left is where it started.
-            return line.rpartition("aborted by:")[2].strip()[:300]
-    generic = ("Graph execution error:", "Detected at node", "File ")
+        # "Collective ops is aborted by: " once for every worker the failure passed through;
+        # what is left is where it started.
+        started = line.rpartition("aborted by:")[2].strip()
+        if "aborted by:" in line and started:
+            return started[:300]
+    generic = ("Graph execution error:", "Detected at node", "File ", "Collective ops is aborted")
     meaningful = [line for line in lines if not line.startswith(generic)]
     return (meaningful or lines or ["no message"])[0][:300]
 
