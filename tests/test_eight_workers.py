@@ -30,7 +30,7 @@ import pytest
 from slurm_cluster import SlurmCluster, task_pids
 from test_slurm import _port_base, needs_slurm
 from test_train_distributed import _launch, _weights, _worker_pid
-from train_helpers import assert_only_the_chief_wrote, job_inputs
+from train_helpers import assert_only_the_chief_wrote, frozen_heads, job_inputs
 
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.checkpoint.weights import read_metadata
@@ -40,17 +40,16 @@ SLURM_WORKER = Path(__file__).with_name("slurm_worker.py")
 WORKERS = 8
 STEPS = 6
 TERMINATED, KILLED = 5, 3  # the worker sent SIGTERM in run 1, the one killed in run 2
-# The heads train and the body stays frozen, batch norm unsynchronised: what these tests
-# check is eight processes agreeing (on the steps, the stop, the restored step, the
-# weights), which tracing the body's backward pass eight times on two cores only slows
-# down: an uninterrupted start's workers trained for 56-57 s with it, 30-39 s without.
-# (With this and yolo3/data/autotune.py's end-of-run fix, the launcher's test took 131 s
-# instead of 219 s, Slurm's 142 s instead of 237 s.) Training the whole body across
-# workers is tests/test_train_distributed.py's.
+# The heads train and the body stays frozen (frozen_heads): what these tests check is
+# eight processes agreeing (on the steps, the stop, the restored step, the weights), which
+# tracing the body's backward pass eight times on two cores only slows down: an
+# uninterrupted start's workers trained for 56-57 s with it, 30-39 s without. (With this
+# and yolo3/data/autotune.py's end-of-run fix, the launcher's test took 131 s instead of
+# 219 s, Slurm's 142 s instead of 237 s.)
 JOB = [
     "--batch-size", "1", "--epochs", "1", "--steps-per-epoch", str(STEPS), "--flip", "0",
     "--shuffle-buffer", "1", "--backup-every", "1", "--checkpoint-every", "1", "--lr", "0.002",
-    "--sync-bn", "off", "--freeze-body", "2", "--freeze-epochs", "1",
+    *frozen_heads(1),
 ]  # fmt: skip
 TIMEOUT = 420
 KILLED_WITHIN = 60  # seconds from the kill to the last survivor's end

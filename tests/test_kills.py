@@ -21,7 +21,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from train_helpers import small_record_set, train_args, write_anchors
+from train_helpers import frozen_heads, small_record_set, train_args, write_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def _command(job, log_dir):
         records, log_dir, anchors, "--batch-size", "8", "--optimizer", "sgd", "--lr", "0.01",
         "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--flip", "0",
         "--shuffle-buffer", "1", "--backup-every", str(BACKUP_EVERY),
-        "--progress", "lines", "--log-every", "1",
+        "--progress", "lines", "--log-every", "1", *frozen_heads(EPOCHS),
     )  # fmt: skip
     return [sys.executable, str(ROOT / "train.py"), *args]
 

@@ -30,7 +30,7 @@ from test_train_distributed import (
     _weights,
     _worker_pid,
 )
-from train_helpers import job_inputs
+from train_helpers import frozen_heads, job_inputs
 
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.checkpoint.weights import read_metadata
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH, EPOCHS = 4, 3
 FIXED_BATCHES = [
     "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--flip", "0",
-    "--shuffle-buffer", "1", "--backup-every", "2",
+    "--shuffle-buffer", "1", "--backup-every", "2", *frozen_heads(EPOCHS),
 ]  # fmt: skip
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from slurm_cluster import SlurmCluster, missing_programs
 from train_helpers import (
+    frozen_heads,
     job_inputs,
     train_args,
 )
@@ -185,7 +186,7 @@ def test_scancel_stops_every_task_after_the_same_step_and_the_same_command_resum
     # 16 records, 2 workers x 4: 2 steps an epoch, 6 in all, a backup after each step.
     # (A task killed mid-step, and the rerun from the newest step all tasks hold:
     # tests/test_eight_workers.py, on a step of eight tasks.)
-    args = _args(data, tmp_path / "job", "--epochs", "3", "--backup-every", "1")
+    args = _args(data, tmp_path / "job", "--epochs", "3", "--backup-every", "1", *frozen_heads(3))
     command = _srun("resumed") + _worker(tmp_path / "dump", args)
     backups = tmp_path / "job/backup/worker-1"
 
@@ -219,7 +220,7 @@ def test_two_jobs_share_the_node_with_different_port_bases(cluster, data, tmp_pa
     first, second = _port_base(2), _port_base(2)
     while abs(first - second) < 2:
         second = _port_base(2)
-    steps = ["--epochs", "1", "--steps-per-epoch", "2"]
+    steps = ["--epochs", "1", "--steps-per-epoch", "2", *frozen_heads(1)]
     runs = {
         # One base from the flag, the other from the environment.
         "side-a": (["--slurm-port-base", str(first)], {}),

@@ -17,6 +17,7 @@ import pytest
 from train_helpers import (
     SIZE,
     assert_only_the_chief_wrote,
+    frozen_heads,
     job_inputs,
     small_record_set,
     train_args,
@@ -252,7 +253,9 @@ def _wait_for(predicate, timeout, what):
 @pytest.mark.slow
 def test_killed_single_process_resumes_at_the_saved_step(longer, tmp_path):
     records, anchors = longer
-    args = train_args(records, tmp_path / "run", anchors, "--epochs", "3", "--backup-every", "3")
+    args = train_args(
+        records, tmp_path / "run", anchors, "--epochs", "3", "--backup-every", "3", *frozen_heads(3)
+    )
     command = [sys.executable, str(WORKER), str(tmp_path / "dump"), "--", *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = tmp_path / "run/checkpoints/state.weights.h5"

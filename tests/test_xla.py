@@ -215,7 +215,10 @@ def restore_policy():
 
 # What --jit-compile auto and --mixed-precision auto give on one GPU: XLA with float32
 # (older GPUs), float16 and loss scaling (compute capability 7.x), bfloat16 (8.0 and newer).
-@pytest.mark.parametrize("precision", ["off", "float16", "bfloat16"])
+# The bfloat16 one trains in tests/test_combinations.py (its "XLA, PowerSGD" row, two
+# epochs with mixed precision bfloat16); the checkpoint of a mixed-precision run loading in
+# float32 is checked here with float16.
+@pytest.mark.parametrize("precision", ["off", "float16"])
 @pytest.mark.slow
 def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     record_set, tmp_path, restore_policy, precision
