@@ -351,6 +351,24 @@ def common_newest(strategy, candidates, *, slots=2):
     return max(common) if common else None
 
 
+def barrier(strategy):
+    """Returns once every worker of the job has called it: one all-reduce of a zero.
+
+    With one worker it returns at once and sends nothing.
+    """
+    if worker_info(strategy).num_workers == 1:
+        return
+
+    @tf.function
+    def meet():
+        def replica_fn():
+            return tf.distribute.get_replica_context().all_reduce("sum", tf.zeros([]))
+
+        return strategy.run(replica_fn)
+
+    meet()
+
+
 def broadcast_from_chief(strategy, variables):
     """Sets ``variables`` (Keras or tf variables) on every worker to the chief's values.
 

@@ -177,6 +177,11 @@ def fit(config, setup, trainer, datasets, hooks, first_epoch, skip_steps, verbos
             first += 1
         if first < config.epochs and not trainer.stop_training:
             _extend(history, fit_epochs(first, config.epochs, setup.steps))
+        if hooks.preemption.stopped_at is not None:
+            # Each worker wrote its backup of the stop step before leaving fit; none exits
+            # before all have, or a scheduler that ends a job's tasks once one exits
+            # (srun -K) could end another mid-write, and the job resume a step earlier.
+            distribute.barrier(trainer.distribute_strategy)
     return history
 
 
