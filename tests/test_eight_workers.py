@@ -1,16 +1,27 @@
 """Eight workers on one machine, started by tools/launch.py -n 8 and by a Slurm step of 8
-tasks: preempted, resumed, killed, resumed again, and trained to the end alike.
+tasks: killed, stopped, resumed and trained to the end.
 
-One job per launcher, started three times with the same command (eight TensorFlow start-ups
-on two cores cost about 15 s each time):
+Each test starts its job twice with the same command (eight TensorFlow start-ups on two
+cores, about 15 s each time, are most of what these tests cost). Through the launcher:
 
-1. SIGTERM to one worker: all eight stop after the same step, each with a backup there, and
-   the job exits with status 143;
-2. the same command restores that step on every worker; SIGKILL to another worker while it
-   writes a backup, so that it holds one backup fewer than the seven others, which end on
-   their own with one error line each;
-3. the same command restores the newest step all eight hold, on all eight, and trains to
+1. SIGKILL to one worker while it writes its second backup, so that it holds one backup
+   fewer than the seven others, which end on their own with one error line each;
+2. the same command restores the newest step all eight hold, on all eight, and trains to
    the end: the workers end bit for bit alike, and only the chief wrote the run's files.
+
+Through Slurm (``srun -K``, which ends a step's other tasks once one has ended):
+
+1. SIGTERM to one task: all eight stop after the same step, each with a backup there, and
+   the step exits with status 143;
+2. the same command restores that step on every task; SIGKILL to another while it writes a
+   backup ends the seven others with one error line each.
+
+Every case thus runs with eight workers once, at two starts a launcher rather than three:
+what differs between the two ways is how the cluster forms (checked in each first start)
+and how one worker's end ends the others (a kill in each); the stop and the restore
+agreements are the trainer's, the same either way. With two workers, tests/test_slurm.py
+stops a Slurm job with scancel and trains the sbatch script's job to its end, and
+tests/test_resume.py kills launched workers.
 
 Each worker reads one shard of one record, in file order, with no flips, as its batch of
 every step, so that no step depends on where the input stream starts.
@@ -223,15 +234,16 @@ def _restored_steps(lines):
     }
 
 
-def _preempt_kill_resume(launcher, tmp_path):
+def _terminate(launcher, log_path):
+    """A fresh start; SIGTERM to one worker once it has a backup: all eight stop after the
+    same step, each with a backup there, and the job exits 143. Returns that step."""
     log_dir = launcher.log_dir
 
-    # Run 1: SIGTERM to one worker once it has a backup.
     def terminate(process):
         _poll(process, lambda: _backup_steps(log_dir, TERMINATED), "the first backup")
         os.kill(launcher.pid(TERMINATED), signal.SIGTERM)
 
-    status, log, ended_in = _run(launcher, tmp_path / "run-1.log", terminate)
+    status, log, ended_in = _run(launcher, log_path, terminate)
     lines = _by_worker(log, launcher.prefix)
     launcher.check_cluster(lines)
     stops = {}
@@ -243,7 +255,7 @@ def _preempt_kill_resume(launcher, tmp_path):
         assert len(found) == 1, (worker, log[-4000:])
         stops[worker] = int(found[0])
     stopped = stops[0]
-    print(f"run 1: stopped after step {stops} (worker: step)")
+    print(f"stopped after step {stops} (worker: step)")
     assert set(stops.values()) == {stopped} and 0 < stopped < STEPS - 2, stops
     assert status == PREEMPTED_STATUS, log[-4000:]
     print(f"  the job ended {ended_in:.1f} s after the SIGTERM")
@@ -252,25 +264,35 @@ def _preempt_kill_resume(launcher, tmp_path):
         newest = _backup_folder(log_dir, worker) / f"backup-{stopped:09d}.weights.h5"
         assert _backup_steps(log_dir, worker)[-1] == stopped
         assert read_metadata(str(newest))["step"] == stopped
+    return stopped
 
-    # Run 2: the same command resumes there on all eight; SIGKILL to one worker while it
-    # writes its second backup after the resume.
-    def kill_while_saving(process):
+
+def _kill_while_saving(launcher, log_path, restored):
+    """The same command (every worker restoring step ``restored``, or none on a fresh
+    start); SIGKILL to one worker while it writes its second backup of the run: the seven
+    others end with one error line each within KILLED_WITHIN seconds, and the killed worker
+    holds a backup fewer than they do. Returns the newest step all eight hold."""
+    log_dir = launcher.log_dir
+    after = restored or 0
+
+    def kill(process):
         _poll(
             process,
             lambda: (
-                max(_backup_steps(log_dir, KILLED), default=0) > stopped
-                and _writing(log_dir, KILLED)
+                max(_backup_steps(log_dir, KILLED), default=0) > after and _writing(log_dir, KILLED)
             ),
             "the second backup's write",
             interval=0.002,
         )
         os.kill(launcher.pid(KILLED), signal.SIGKILL)
 
-    status, log, ended_in = _run(launcher, tmp_path / "run-2.log", kill_while_saving)
+    status, log, ended_in = _run(launcher, log_path, kill)
     lines = _by_worker(log, launcher.prefix)
-    assert _restored_steps(lines) == {worker: [stopped] for worker in range(WORKERS)}, log[-4000:]
-    print(f"run 2: killed worker {KILLED}; the job ended {ended_in:.1f} s later")
+    if restored is None:
+        launcher.check_cluster(lines)
+    expected = [] if restored is None else [restored]
+    assert _restored_steps(lines) == {worker: expected for worker in range(WORKERS)}, log[-4000:]
+    print(f"killed worker {KILLED}; the job ended {ended_in:.1f} s later")
     assert status != 0 and launcher.killed_line in log, log[-4000:]
     for worker, text in lines.items():
         if worker == KILLED:
@@ -295,13 +317,18 @@ def _preempt_kill_resume(launcher, tmp_path):
     print(f"  backups held: {held}")
     agreed = max(set.intersection(*(set(steps) for steps in held.values())))
     assert held[KILLED][-1] == agreed < max(max(steps) for steps in held.values()), held
+    return agreed
 
-    # Run 3: the newest step all eight hold, restored on all eight; trained to the end.
-    status, log, _ = _run(launcher, tmp_path / "run-3.log")
+
+def _resume_to_the_end(launcher, log_path, agreed, starts):
+    """The same command restores step ``agreed`` on all eight and trains to the end: the
+    workers end bit for bit alike, and only the chief wrote the run's files (``starts``
+    starts of the job in all)."""
+    status, log, _ = _run(launcher, log_path)
     assert status == 0, log[-4000:]
     lines = _by_worker(log, launcher.prefix)
     assert _restored_steps(lines) == {worker: [agreed] for worker in range(WORKERS)}, log[-4000:]
-    print(f"run 3: restored step {agreed} on every worker")
+    print(f"restored step {agreed} on every worker and trained to the end")
     chief, dump = launcher.weights(0)
     assert int(dump["step"]) == STEPS
     for worker in range(1, WORKERS):
@@ -309,15 +336,21 @@ def _preempt_kill_resume(launcher, tmp_path):
         assert int(their_dump["step"]) == STEPS
         for mine, other in zip(chief, theirs):
             np.testing.assert_array_equal(mine, other)
-    # TensorBoard: a train file from each of the three starts, a validation file from the
-    # third, which ended the epoch.
-    assert_only_the_chief_wrote(log_dir, epochs=1, workers=WORKERS, event_files=4)
+    # TensorBoard: a train file from each start, a validation file from the last, which
+    # ended the epoch.
+    assert_only_the_chief_wrote(launcher.log_dir, epochs=1, workers=WORKERS, event_files=starts + 1)
 
 
-def test_eight_launched_workers_stop_resume_and_end_alike(data, tmp_path):
-    _preempt_kill_resume(Launcher(data, tmp_path), tmp_path)
+def test_eight_launched_workers_killed_mid_save_resume_where_all_hold_and_end_alike(data, tmp_path):
+    launcher = Launcher(data, tmp_path)
+    agreed = _kill_while_saving(launcher, tmp_path / "run-1.log", restored=None)
+    _resume_to_the_end(launcher, tmp_path / "run-2.log", agreed, starts=2)
 
 
 @needs_slurm
-def test_eight_slurm_tasks_stop_resume_and_end_alike(cluster, data, tmp_path):
-    _preempt_kill_resume(SlurmStep(data, tmp_path, cluster), tmp_path)
+def test_eight_slurm_tasks_stop_after_one_step_resume_there_and_a_kill_ends_them(
+    cluster, data, tmp_path
+):
+    step = SlurmStep(data, tmp_path, cluster)
+    stopped = _terminate(step, tmp_path / "run-1.log")
+    _kill_while_saving(step, tmp_path / "run-2.log", restored=stopped)
