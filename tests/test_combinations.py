@@ -3,10 +3,13 @@ in one line naming both sides (:mod:`yolo3.engine.combinations`, the one table o
 
 A pair at a time would be 55 trainings; rows of options that hold every pair not refused
 (a pairwise covering array) are four, all run in one process (tests/combinations_run.py) on
-64 px records with one step an epoch: two rows on two replicas, each trained an epoch and
-resumed with ``--resume`` to a second, and two on one device with XLA (which several
-replicas refuse), each trained two epochs in one run (the resume is the two-replica rows'
-business; an XLA compile of each run's step is what this test spends most on).
+64 px records with one step an epoch: two rows on two replicas and two on one device with
+XLA (which several replicas refuse). The first row trains an epoch and is resumed with
+``--resume`` to a second, which holds every option of the shared set and of its own row
+resuming together; the others train two epochs in one run (local steps resume on their
+own in tests/test_local_steps.py, PowerSGD in tests/test_compression.py, each bit for bit
+against an uninterrupted run). A new trace of each run's step, and the XLA rows' compiles,
+are what this test spends most on.
 Each refusal of the table is met once, with flags that meet it, and its line must name what
 the table says. The training guide prints the table (checked here too).
 """
@@ -39,6 +42,7 @@ ROWS = {  # name: (replicas, options)
     ),
     "XLA, local steps": (1, ("XLA", "local steps, overlapped")),
 }  # fmt: skip
+RESUMED = "PowerSGD"  # the row trained an epoch, then resumed to a second
 # The one pair no row can hold: the table's first refusal.
 APART = {frozenset({"PowerSGD", "local steps, overlapped"})}
 
@@ -70,7 +74,7 @@ def test_every_row_trains_and_resumes_and_every_refusal_is_one_line(tmp_path):
             "flags": [flag for option in options for flag in OPTIONS[option]],
             "replicas": replicas,
             "train": True,
-            "resume": replicas > 1,
+            "resume": name == RESUMED,
             "log_dir": str(tmp_path / f"row-{index}"),
         }
         for index, (name, (replicas, options)) in enumerate(ROWS.items())

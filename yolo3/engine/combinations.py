@@ -4,7 +4,7 @@ the real checks.
 
 Every other combination of the options in :data:`OPTIONS` trains, saves its checkpoints and
 resumes: the tests train rows of options that hold every pair not refused here, on two
-replicas (XLA on one device), each row for an epoch and then resumed to a second. A refusal
+replicas (XLA on one device), for two epochs, one row resumed after the first. A refusal
 comes before the first step, as one line naming both sides and what to do instead, exit
 status 2. Each check lives where its reason does (the communication's in
 :func:`yolo3.comm.schemes.communication_from`, the remat one in :mod:`yolo3.model.remat`,
