@@ -63,7 +63,7 @@ def test_the_training_guide_prints_the_table():
     assert markdown_table() in guide
 
 
-def test_every_row_trains_and_resumes_and_every_refusal_is_one_line(tmp_path):
+def test_every_row_trains_one_resumes_and_every_refusal_is_one_line(tmp_path):
     records = small_record_set(tmp_path / "records", train=16, val=0, num_shards=2)
     anchors = write_anchors(tmp_path / "anchors.txt")
     base = train_args(records, tmp_path / "unused", anchors, "--steps-per-epoch", "1")
