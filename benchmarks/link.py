@@ -31,7 +31,7 @@ import sys
 import threading
 from pathlib import Path
 
-from yolo3.distributed import strategy as distribute
+from yolo3.distributed.ports import free_ports
 
 # tc's units for bits per second (tc reads "kbps" as kilobytes: not accepted here).
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -139,7 +139,7 @@ class RateLimitedLoopback:
         ``TF_CONFIG`` (:func:`yolo3.distributed.strategy.tf_config`); with a round-trip time,
         runs the relay between them until the block ends."""
         relayed = workers * (workers - 1) if self.rtt_seconds else 0
-        ports = distribute.free_ports(workers + relayed)
+        ports = free_ports(workers + relayed)
         servers, relays = ports[:workers], iter(ports[workers:])
         if not self.rtt_seconds:
             yield [[f"127.0.0.1:{port}" for port in servers]] * workers

@@ -11,10 +11,11 @@ cancels its job when the bound passes: a request that can never fit queues forev
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from yolo3.distributed.ports import free_ports
 
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "scancel", "sinfo", "scontrol", "squeue")
@@ -25,17 +26,6 @@ def missing_programs():
     """The Slurm programs not on PATH (Debian: ``apt-get install slurmctld slurmd
     slurm-client``)."""
     return [name for name in (*DAEMONS, *CLIENTS) if shutil.which(name) is None]
-
-
-def _free_ports(count):
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def configuration(folder, *, cpus, controller_port, node_port):
@@ -90,7 +80,7 @@ class SlurmCluster:
     def start(self, timeout=60):
         for sub in ("state", "spool"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
-        controller_port, node_port = _free_ports(2)
+        controller_port, node_port = free_ports(2, "127.0.0.1")
         self.conf.write_text(
             configuration(
                 self.folder, cpus=self.cpus, controller_port=controller_port, node_port=node_port

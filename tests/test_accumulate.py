@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from helpers import micro_model, random_boxes, save_problem
 
-from yolo3.distributed import strategy as distribute
+from yolo3.distributed.ports import free_ports
 
 STEP_SCRIPT = Path(__file__).with_name("accumulate_step.py")
 IMAGES = 32
@@ -136,7 +136,7 @@ def test_accumulation_on_two_replicas_equals_one_device(problem, accumulated_one
 
 
 def test_accumulation_on_two_workers_equals_one_device(problem, accumulated_one_device):
-    ports = ",".join(str(port) for port in distribute.free_ports(2))
+    ports = ",".join(str(port) for port in free_ports(2))
     workers = _run(
         problem,
         "workers",

@@ -7,6 +7,7 @@ hanging it.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,8 @@ import pytest
 import tensorflow as tf
 from helpers import initial_weights, save_problem
 
-from yolo3.distributed import keras_mwms
+from yolo3.commands import launch
+from yolo3.distributed import keras_mwms, ports
 from yolo3.distributed import strategy as distribute
 from yolo3.distributed.strategy import StrategyKind, choose_strategy_kind
 
@@ -222,10 +224,36 @@ def test_chief_only_path(tmp_path):
     assert not Path(path).exists() and not Path(path).parent.exists()
 
 
-def test_tf_config_builder_and_free_ports():
-    ports = distribute.free_ports(3)
-    assert len(set(ports)) == 3 and all(1024 <= port < 65536 for port in ports)
-    port = distribute.free_port()
+def test_free_ports_miss_the_ephemeral_range_and_are_free():
+    # The kernel gives an outgoing connection a port of its ephemeral range; one chosen
+    # there may be taken before the worker listens on it (a Slurm job failed so).
+    low, high = ports.ephemeral_range()
+    for _ in range(20):
+        chosen = ports.free_ports(3)
+        assert len(set(chosen)) == 3
+        assert all(ports.LOWEST <= port <= 65535 and not low <= port <= high for port in chosen)
+        base = ports.free_ports(8, consecutive=True)[0]
+        assert not any(low <= port <= high for port in range(base, base + 8))
+        for port in chosen + [base]:
+            with socket.socket() as sock:
+                sock.bind(("", port))
+    # The launcher's local workers get such ports.
+    local = launch.cluster_addresses(launch.build_parser().parse_args(["-n", "4", "--", "x"]))
+    assert len(set(local)) == 4
+    assert all(not low <= int(address.split(":")[1]) <= high for address in local), local
+    # Only what lies outside a range is drawn: a block of 4 within 64000-65535 here.
+    blocks = {ports.free_ports(4, consecutive=True, ephemeral=(1024, 63999))[0] for _ in range(30)}
+    assert blocks <= set(range(64000, 65532)), sorted(blocks)
+    with socket.socket() as held:
+        held.bind(("", 65535))
+        drawn = {ports.free_ports(1, ephemeral=(1024, 65533))[0] for _ in range(10)}
+    assert drawn == {65534}
+    with pytest.raises(OSError, match="no 2 consecutive ports .* outside the ephemeral range"):
+        ports.free_ports(2, consecutive=True, ephemeral=(1024, 65534))
+
+
+def test_tf_config_builder():
+    port = ports.free_port()
     config = json.loads(distribute.tf_config([("127.0.0.1", port), "127.0.0.1:1234"], 1))
     assert config == {
         "cluster": {"worker": [f"127.0.0.1:{port}", "127.0.0.1:1234"]},
@@ -307,10 +335,12 @@ def _run(commands, logs):
 def _run_workers(mode, problem_path, out_dir, suffix):
     """Runs a two-worker job on 127.0.0.1; returns the workers' result paths."""
     out_dir.mkdir(exist_ok=True)
-    ports = ",".join(str(port) for port in distribute.free_ports(2))
+    addresses = ",".join(str(port) for port in ports.free_ports(2))
     results = [out_dir / f"worker{index}.{suffix}" for index in range(2)]
     script = [sys.executable, str(WORKER_SCRIPT), mode, str(problem_path)]
-    commands = [script + [str(result), str(index), ports] for index, result in enumerate(results)]
+    commands = [
+        script + [str(result), str(index), addresses] for index, result in enumerate(results)
+    ]
     _run(commands, [out_dir / f"worker{index}.log" for index in range(2)])
     return results
 

@@ -39,12 +39,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from slurm_cluster import SlurmCluster, task_pids
-from test_slurm import _port_base, needs_slurm
+from test_slurm import needs_slurm
 from test_train_distributed import _launch, _weights, _worker_pid
 from train_helpers import assert_only_the_chief_wrote, frozen_heads, job_inputs
 
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.checkpoint.weights import read_metadata
+from yolo3.distributed.ports import free_ports
 
 pytestmark = pytest.mark.slow
 SLURM_WORKER = Path(__file__).with_name("slurm_worker.py")
@@ -163,7 +164,7 @@ class SlurmStep(Launcher):
         self.log_dir = tmp_path / "job"
         self.dump = tmp_path / "dump"
         self.cluster = cluster
-        self.port_base = _port_base(WORKERS)
+        self.port_base = free_ports(WORKERS, consecutive=True)[0]
         records, anchors, initial = data
         args = _launch(self.dump, self.log_dir, records, anchors, initial, *JOB)
         flags = args[args.index("--", args.index(str(self.dump))) + 1 :]

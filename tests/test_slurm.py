@@ -28,6 +28,7 @@ from train_helpers import (
 
 from yolo3.checkpoint.weights import read_metadata
 from yolo3.distributed import strategy as distribute
+from yolo3.distributed.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("slurm_worker.py")
@@ -103,27 +104,6 @@ def _cluster_specs(log):
         log,
     )
     return sorted((ast.literal_eval(spec)["worker"], int(task)) for spec, task in found)
-
-
-def _port_base(count):
-    """A port P with P..P+count-1 free on every interface now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = [socket.socket() for _ in range(count)]
-        try:
-            for offset, sock in enumerate(sockets):
-                sock.bind(("", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 @needs_slurm
@@ -217,9 +197,8 @@ def test_scancel_stops_every_task_after_the_same_step_and_the_same_command_resum
 
 @needs_slurm
 def test_two_jobs_share_the_node_with_different_port_bases(cluster, data, tmp_path):
-    first, second = _port_base(2), _port_base(2)
-    while abs(first - second) < 2:
-        second = _port_base(2)
+    first = free_ports(4, consecutive=True)[0]
+    second = first + 2
     steps = ["--epochs", "1", "--steps-per-epoch", "2", *frozen_heads(1)]
     runs = {
         # One base from the flag, the other from the environment.
@@ -353,7 +332,7 @@ def test_a_worker_listens_on_every_interface_whatever_its_address():
     127.0.0.1 and the note (docs/guides/distributed.md, tools/launch.py, make_strategy) can
     say so.
     """
-    port = distribute.free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, f"127.0.0.1:{port}"],
         stdin=subprocess.PIPE,

@@ -28,21 +28,13 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 from yolo3.cli import ArgumentParser, run_main
-
-
-def free_port(host=""):
-    """A TCP port free now on ``host`` ("": every interface, where TensorFlow's server will
-    listen). This launcher stays free of TensorFlow, so it is not imported."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+from yolo3.distributed.ports import free_ports
 
 
 def build_parser():
@@ -77,7 +69,7 @@ def cluster_addresses(args):
     if args.num_workers is not None:
         if args.num_workers < 1:
             raise ValueError(f"-n {args.num_workers}: need at least one worker")
-        return [f"127.0.0.1:{free_port()}" for _ in range(args.num_workers)]
+        return [f"127.0.0.1:{port}" for port in free_ports(args.num_workers)]
     addresses = []
     with open(args.hosts, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):

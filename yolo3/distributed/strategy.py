@@ -23,7 +23,6 @@ import enum
 import json
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Mapping
 
@@ -410,28 +409,6 @@ def broadcast_from_chief(strategy, variables):
         if wide == tf.int16:
             value = tf.cast(value, tf.int16)
         handle.assign(value if dtype == wide else tf.bitcast(value, dtype))
-
-
-def free_ports(count, host=""):
-    """``count`` distinct TCP ports free on ``host`` now ("": every interface, which is where
-    TensorFlow's server listens whatever host its cluster names).
-
-    The sockets are closed on return, so another process may take a port before TensorFlow
-    binds it; a launcher that sees a worker fail to start can retry with new ports.
-    """
-    with contextlib.ExitStack() as stack:
-        sockets = [
-            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            for _ in range(count)
-        ]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-def free_port(host=""):
-    """One TCP port free on ``host`` now (see :func:`free_ports`)."""
-    return free_ports(1, host)[0]
 
 
 def tf_config(hosts_ports, index):
