@@ -401,26 +401,6 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
         make(0.9).load_weights(tmp_path / "plain.weights.h5")
 
 
-@pytest.mark.slow
-def test_two_workers_with_overlapped_local_steps_end_identical(setup, tmp_path):
-    records, anchors, initial = setup
-    # Three steps, H = 2, T = 1: step 3 sends step 2's changes between the workers and
-    # applies them; then every step's collective sends nothing. (Blocking: the resume test
-    # of two workers below.)
-    flags = ["--epochs", "1", "--steps-per-epoch", "3", "--flip", "0", "--sync-bn", "off"]
-    flags += ["--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9"]
-    flags += ["--allreduce-dtype", "bfloat16", "--overlap-sync", "1"]
-    log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *flags))
-    when = "every 2 steps, sent during the next 1 step"
-    assert f"all-reduce none in the step; weight changes {when} in bfloat16" in log
-    assert "outer lr 0.7, Nesterov momentum 0.9" in log
-    assert_trained_alike(tmp_path / "dump", initial)
-    config = training.read_config(str(tmp_path / "job/config.json"))
-    assert (config.local_steps, config.outer_lr, config.outer_momentum) == (2, 0.7, 0.9)
-    assert config.overlap_sync == 1
-    assert config.sync_bn is False
-
-
 # Three steps per epoch and H = 2: the first run stops at step 3, one step into a cycle,
 # and its epoch-end save is a full synchronisation that the uninterrupted run makes at the
 # same step. SGD with momentum: its slots are each replica's own between synchronisations.
@@ -472,7 +452,7 @@ def _momentum_slots(path):
 
 
 @pytest.mark.slow
-def test_two_workers_keep_their_own_optimizer_state_and_resume_from_it(
+def test_two_overlapped_workers_keep_their_own_optimizer_state_and_resume_from_it(
     setup, tmp_path, monkeypatch
 ):
     _, anchors, initial = setup
@@ -480,14 +460,16 @@ def test_two_workers_keep_their_own_optimizer_state_and_resume_from_it(
     # the same order after a restart.
     records = small_record_set(tmp_path / "records", train=8, val=0, num_shards=2, noise=20)
     monkeypatch.setenv(SNAPSHOT_ENV, f"1:{tmp_path / 'half'}")
-    flags = ["--epochs", "2", *RESUMED, "--allreduce-dtype", "bfloat16"]
+    # Overlapped, T = 1: a period's change travels during the step after it; each epoch
+    # end's save synchronises in full and lands what is still in flight.
+    flags = ["--epochs", "2", *RESUMED, "--allreduce-dtype", "bfloat16", "--overlap-sync", "1"]
     log = _run(_launch(tmp_path / "whole", tmp_path / "job", records, anchors, initial, *flags))
-    when = "every 2 steps in bfloat16"
+    when = "every 2 steps, sent during the next 1 step in bfloat16"
     assert f"all-reduce none in the step; weight changes {when}" in log
     assert "outer lr 0.8, Nesterov momentum 0.5" in log
     start = assert_trained_alike(tmp_path / "whole", initial)
     config = training.read_config(str(tmp_path / "job/config.json"))
-    assert (config.local_steps, config.overlap_sync, config.sync_bn) == (2, None, False)
+    assert (config.local_steps, config.overlap_sync, config.sync_bn) == (2, 1, False)
     with h5py.File(tmp_path / "job/checkpoints/state.weights.h5", "r") as f:
         buffers = f["layers/local_steps_state/vars"]
         assert len(buffers) == len(start.weights) + 1  # and the outer step's settings
