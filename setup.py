@@ -45,6 +45,9 @@ setup(
         "h5py>=3.10",
         "pycocotools>=2.0",
         "tqdm>=4.60",
+        # Ultralytics data.yaml files (yolo3 preprocess --data): YAML's anchors, flow lists
+        # and quoting are more than a hand-written reader should guess at.
+        "pyyaml>=6",
         # tf.summary writes TensorBoard logs only with it installed (TF 2.21 no longer pulls it in).
         "tensorboard>=2.21,<2.22",
     ],
@@ -68,6 +71,9 @@ setup(
             "nbclient>=0.10,<0.12",
             "nbformat>=5.10,<6",
             "ipykernel>=6.29,<8",
+            # tests/test_formats.py: an independent reader of YOLO label files and VOC XML
+            # that the project's own readers (yolo3.data.formats) are checked against.
+            "globox>=2.9,<3",
             *EXPORT,
             # tests/test_docs.py builds the site.
             *DOCS,

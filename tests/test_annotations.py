@@ -197,7 +197,9 @@ def test_preprocessing_modules_do_not_import_tensorflow():
         "import yolo3.data.annotations, yolo3.data.hygiene, yolo3.data.kmeans\n"
         "import yolo3.commands.voc_annotation, yolo3.commands.coco_annotation\n"
         "import yolo3.commands.kmeans, yolo3.commands.launch\n"
-        "import yolo3.data.preprocess, yolo3.distributed.devices\n"
+        "import yolo3.data.preprocess, yolo3.distributed.devices, yolo3.data.formats.coco\n"
+        "import yolo3.data.formats.darknet, yolo3.data.formats.ultralytics\n"
+        "import yolo3.data.formats.voc, yolo3.data.formats.yolo_labels\n"
         "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
     )
     result = subprocess.run(

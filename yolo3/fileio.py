@@ -94,6 +94,17 @@ def glob(pattern):
     return sorted(_gfile().glob(pattern) if is_remote(pattern) else _glob.glob(pattern))
 
 
+def files_under(folder):
+    """Every file below ``folder``, at any depth, sorted; hidden folders are not entered."""
+    folder = os.fspath(folder)
+    walk = _gfile().walk(folder) if is_remote(folder) else os.walk(folder)
+    found = []
+    for directory, subfolders, names in walk:
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        found.extend(join(directory, name) for name in names)
+    return sorted(found)
+
+
 def atomic_path(path):
     """A temporary path beside ``path`` with the same suffix, for write-then-rename."""
     path = str(path)

@@ -1,6 +1,10 @@
 """Anchors for a data set by IoU k-means over its box sizes.
 
     yolo3 kmeans --annotations data/train.txt -k 9 --output model_data/my_anchors.txt
+    yolo3 kmeans --data datasets/parts/data.yaml -k 6 --input-size 416 --output anchors.txt
+
+``--data`` reads a dataset in another layout (as ``yolo3 preprocess --data`` does) and fits
+its training split.
 
 Boxes are scaled the way letterboxing to ``--input-size`` will scale them (each image's
 size is read from its header, upright per EXIF), so the anchors are in network input
@@ -14,7 +18,7 @@ import collections
 import sys
 
 from yolo3.cli import ArgumentParser, fail, output_file, run_main
-from yolo3.data import kmeans
+from yolo3.data import formats, kmeans
 from yolo3.data.annotations import parse_annotation_files, write_annotations
 from yolo3.model.resources import parse_anchors, read_anchors, shipped_anchors
 
@@ -28,7 +32,18 @@ DEFAULT_ANCHORS_INPUT = 416
 
 def build_parser():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--annotations", nargs="+", required=True, help="annotation files")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--annotations", nargs="+", help="annotation files")
+    source.add_argument(
+        "--data",
+        help="a dataset instead: data.yaml (Ultralytics), .data (Darknet), a COCO JSON or a "
+        "VOCdevkit folder; its training split is fitted",
+    )
+    parser.add_argument(
+        "--data-format",
+        choices=formats.FORMATS,
+        help="the format of --data (default: told by what it is)",
+    )
     parser.add_argument("-k", type=int, default=9, help="anchors: 9 for yolov3, 6 for tiny")
     parser.add_argument(
         "--input-size", type=int, default=416, help="network input size in pixels (default 416)"
@@ -73,9 +88,16 @@ def _check_args(parser, args):
 
 def fit_anchors(args):
     """Clusters the boxes of the annotation files; status 2 when they cannot give k anchors."""
-    entries, rejects, counts = parse_annotation_files(
-        args.annotations, num_classes=None, image_root=args.image_root
-    )
+    if args.data:
+        dataset = formats.read_dataset(
+            args.data, data_format=args.data_format, image_root=args.image_root
+        )
+        entries, rejects = dataset.splits["train"], dataset.rejects
+        counts = {"images": len(entries)}
+    else:
+        entries, rejects, counts = parse_annotation_files(
+            args.annotations, num_classes=None, image_root=args.image_root
+        )
     input_hw = None if args.no_letterbox else (args.input_size, args.input_size)
     wh, unreadable, outside = kmeans.letterboxed_sizes(entries, input_hw, threads=args.threads)
     unit = "original pixels" if input_hw is None else f"pixels of a {args.input_size} px input"

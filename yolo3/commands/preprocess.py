@@ -3,6 +3,12 @@
     yolo3 preprocess --annotations train.txt --classes model_data/voc_classes.txt \\
         --output records/voc416 --input-size 416 --copies 4 --val-fraction 0.05
 
+    yolo3 preprocess --data datasets/parts/data.yaml --output records/parts --input-size 416
+
+``--data`` reads a dataset where it lies, in the layout it came in: an Ultralytics
+``data.yaml``, a Darknet ``.data`` file, a COCO instances JSON or a VOCdevkit folder
+(:mod:`yolo3.data.formats`); its class names and validation split come with it.
+
 Each image yields one clean letterboxed copy and ``--copies`` augmented ones (the original
 keras-yolo3 augmentation: aspect jitter, scale, placement on gray, flip, HSV). The
 validation split is written clean only. Bad lines, boxes and images are skipped, counted in
@@ -31,7 +37,7 @@ from yolo3.cli import (
     progress_setting,
     run_main,
 )
-from yolo3.data import preprocess
+from yolo3.data import formats, preprocess
 from yolo3.data.augment import AugmentConfig
 from yolo3.distributed.devices import available_cores
 from yolo3.model.resources import parse_size, read_classes
@@ -42,7 +48,20 @@ def build_parser():
         description="Pack annotated images into letterboxed and augmented TFRecord shards."
     )
     parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
-    parser.add_argument("--classes", help="classes file, one name per line")
+    parser.add_argument(
+        "--data",
+        help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
+        "(Darknet), a COCO JSON or a VOCdevkit folder",
+    )
+    parser.add_argument(
+        "--data-format",
+        choices=formats.FORMATS,
+        help="the format of --data (default: told by what it is)",
+    )
+    parser.add_argument(
+        "--classes",
+        help="classes file, one name per line (with --data: only for voc, the classes to keep)",
+    )
     parser.add_argument("--output", type=output_folder, help="output folder of the record set")
     parser.add_argument(
         "--input-size",
@@ -58,7 +77,8 @@ def build_parser():
     )
     parser.add_argument(
         "--image-root",
-        help="folder relative image paths start from (default: each annotation file's folder)",
+        help="folder relative image paths start from (default: each annotation file's "
+        "folder; with a COCO --data, the folder of the images)",
     )
     split = parser.add_argument_group("validation split and class filter")
     split.add_argument(
@@ -146,14 +166,18 @@ def _summary(manifest, output):
 def _preprocess(args, parser):
     if args.verify:
         return _verify(args.verify)
-    missing = [flag for flag in ("annotations", "classes", "output") if not getattr(args, flag)]
+    needed = ("data", "output") if args.data else ("annotations", "classes", "output")
+    missing = [flag for flag in needed if not getattr(args, flag)]
     if missing:
         parser.print_usage(sys.stderr)
-        return fail(f"--{', --'.join(missing)} required (or --verify DIR)")
+        return fail(f"--{', --'.join(missing)} required (or --data, or --verify DIR)")
+    if args.data and args.annotations:
+        return fail("give --annotations or --data, not both")
     config = dataclass_from_args(
         preprocess.PreprocessConfig,
         args,
-        classes=tuple(read_classes(args.classes)),
+        annotations=tuple(args.annotations or ()),
+        classes=tuple(read_classes(args.classes)) if args.classes else (),
         image_format=args.format,
         augment=dataclass_from_args(AugmentConfig, args),
     )

@@ -16,13 +16,12 @@ behaviour), ``include`` keeps them as ordinary objects.
 """
 
 import collections
-import math
 import sys
-import xml.etree.ElementTree as ET
 
 from yolo3 import fileio
 from yolo3.cli import ArgumentParser, fail, run_main
 from yolo3.data.annotations import format_line, relative_image_path, write_annotations
+from yolo3.data.formats.voc import read_voc_objects
 from yolo3.model.resources import model_data_file, read_classes
 
 # What happens to objects marked difficult (see the module docstring).
@@ -68,33 +67,6 @@ def parse_sets(specs):
             raise ValueError(f"--sets entry {spec!r} is not YEAR:SET, e.g. 2007:trainval")
         pairs.append((year, image_set))
     return pairs
-
-
-def _pixel(value):
-    return math.floor(float(value) + 0.5)
-
-
-def read_voc_objects(data, name):
-    """Objects of one VOC XML file as ``[(class_name, difficult, (x0, y0, x1, y1) or None)]``.
-
-    Coordinates are rounded to whole pixels; ``None`` stands for a missing or non-numeric
-    ``bndbox``. Raises ValueError naming ``name`` when the XML does not parse.
-    """
-    try:
-        root = ET.fromstring(data)
-    except ET.ParseError as err:
-        raise ValueError(f"{name}: not valid XML ({err})") from err
-    objects = []
-    for obj in root.iter("object"):
-        class_name = (obj.findtext("name") or "").strip()
-        difficult = (obj.findtext("difficult") or "0").strip() == "1"
-        box = obj.find("bndbox")
-        try:
-            edges = tuple(_pixel(box.findtext(tag)) for tag in ("xmin", "ymin", "xmax", "ymax"))
-        except (AttributeError, TypeError, ValueError):
-            edges = None
-        objects.append((class_name, difficult, edges))
-    return objects
 
 
 def convert(devkit, sets, class_names, output, *, difficult="flag"):

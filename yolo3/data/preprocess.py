@@ -58,10 +58,12 @@ class PreprocessConfig:
     ``workers`` is deliberately not part of it: it changes speed, never the output.
     """
 
-    annotations: tuple
-    classes: tuple
     output: str
     input_size: tuple  # (height, width), multiples of 32
+    annotations: tuple = ()  # annotation files, or:
+    data: str | None = None  # a dataset in another layout (yolo3.data.formats)
+    data_format: str | None = None  # its format; None: told by what data is
+    classes: tuple = ()  # required with annotations; with data, VOC's classes to keep
     copies: int = 4
     val_annotations: tuple = ()
     val_fraction: float | None = None
@@ -91,6 +93,12 @@ class PreprocessConfig:
             raise ValueError("--val-annotations already gives a validation split; drop --val-*")
         if self.num_shards is not None and self.num_shards < 1:
             raise ValueError(f"--num-shards {self.num_shards} must be >= 1")
+        if bool(self.annotations) == bool(self.data):
+            raise ValueError("give --annotations (with --classes) or --data, one of the two")
+        if self.annotations and not self.classes:
+            raise ValueError("--annotations needs --classes, the classes file")
+        if self.data and self.val_annotations:
+            raise ValueError("--val-annotations goes with --annotations; --data names its splits")
 
     def fingerprint(self):
         """A JSON-able description of the settings, stored to refuse resuming a different run."""
@@ -162,7 +170,7 @@ def process_image(task):
         dropped boxes.
     """
     counts = collections.Counter()
-    where = f"{task.source}:{task.line}"
+    where = f"{task.source}:{task.line}" if task.line else task.source
     if not fileio.exists(task.path):
         return [], [("missing_image", f"{where}: image {task.path} does not exist")], counts
     try:
@@ -253,23 +261,44 @@ class Dataset:
     hygiene: dict
 
 
-def load_dataset(config):
-    """Parses the annotation files and applies the class filter and validation split."""
-    counts = collections.Counter()
-    rejects = []
-    num_classes = len(config.classes)
+def read_sources(config):
+    """``(classes, train, val, rejects, counts)`` of the annotation files or ``--data``:
+    entry lists, :class:`~yolo3.data.annotations.Reject` list and Counter."""
+    if config.data:
+        from yolo3.data import formats  # noqa: PLC0415
+
+        source = formats.read_dataset(
+            config.data,
+            data_format=config.data_format,
+            classes=list(config.classes) or None,
+            image_root=config.image_root,
+        )
+        train, val = source.splits.get("train", []), source.splits.get("val", [])
+        return source.classes, train, val, source.rejects, source.counts
+    counts, rejects, num_classes = collections.Counter(), [], len(config.classes)
 
     def parse(paths):
         entries, file_rejects, file_counts = annotations_io.parse_annotation_files(
             paths, num_classes=num_classes, image_root=config.image_root
         )
         counts.update(file_counts)
-        rejects.extend((r.source, r.line, r.reason, r.message) for r in file_rejects)
+        rejects.extend(file_rejects)
         return entries
 
     train = parse(config.annotations)
     val = parse(config.val_annotations) if config.val_annotations else []
-    classes, hygiene_report = list(config.classes), {}
+    return list(config.classes), train, val, rejects, counts
+
+
+def load_dataset(config):
+    """Reads the annotations and applies the class filter and validation split."""
+    classes, train, val, source_rejects, counts = read_sources(config)
+    rejects = [(r.source, r.line, r.reason, r.message) for r in source_rejects]
+    if val and (config.val_fraction is not None or config.val_per_class is not None):
+        raise ValueError(
+            f"{config.data} names a validation split already; drop --val-fraction/--val-per-class"
+        )
+    hygiene_report = {}
     if config.min_images_per_class > 0:
         kept, classes, report = hygiene.drop_rare_classes(
             train + val, classes, config.min_images_per_class
@@ -438,7 +467,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
     if strict and dataset.rejects:
         raise RejectError(_describe_rejects(STRICT_HEADER, dataset.rejects))
     if not dataset.splits["train"]:
-        where = f"no usable images in {', '.join(config.annotations)}"
+        where = f"no usable images in {', '.join(_sources(config))}"
         if not dataset.rejects:
             raise ValueError(where)
         raise ValueError(_describe_rejects(f"{where}; the reasons:", dataset.rejects, limit=3))
@@ -505,10 +534,22 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
 STRICT_HEADER = "rejected input (--strict):"
 
 
+def _sources(config):
+    return [config.data] if config.data else list(config.annotations)
+
+
 def _describe_rejects(header, rejects, limit=10):
     lines = [message for *_, message in rejects[:limit]]
     more = f"\n... and {len(rejects) - limit} more" if len(rejects) > limit else ""
     return header + "\n" + "\n".join(lines) + more
+
+
+def _source_format(config):
+    if not config.data:
+        return "annotations"
+    from yolo3.data import formats  # noqa: PLC0415
+
+    return config.data_format or formats.detect_format(config.data)
 
 
 def _write_manifest(config, dataset, plan, records):
@@ -522,7 +563,8 @@ def _write_manifest(config, dataset, plan, records):
     reject_counts = collections.Counter(reason for _, _, reason, _ in rejects)
     rejects_path = fileio.join(config.output, records.REJECTS)
     text = "".join(
-        f"{source}:{line}\t{reason}\t{message}\n" for source, line, reason, message in rejects
+        f"{source}{f':{line}' if line else ''}\t{reason}\t{message}\n"
+        for source, line, reason, message in rejects
     )
     with fileio.open_file(rejects_path + ".tmp", "w") as f:
         f.write(text)  # even when empty: tf.io.gfile creates a file only on its first write
@@ -536,7 +578,8 @@ def _write_manifest(config, dataset, plan, records):
         seed=config.seed,
         jpeg_quality=config.quality if config.image_format == "jpeg" else None,
         augmentation=dataclasses.asdict(config.augment),
-        source_annotations=list(config.annotations),
+        source_annotations=_sources(config),
+        source_format=_source_format(config),
         source_images={split: len(entries) for split, entries in dataset.splits.items()},
         counts=dict(sorted(counts.items())),
         rejects=dict(sorted(reject_counts.items())),

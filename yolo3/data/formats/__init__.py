@@ -1,0 +1,133 @@
+"""Datasets read where they lie, in the layouts other tools write: ``yolo3 preprocess
+--data PATH`` and ``yolo3 kmeans --data PATH``.
+
+=========  =================================================  ==========================
+format     ``--data``                                         module
+=========  =================================================  ==========================
+yolo       an Ultralytics ``data.yaml`` (Roboflow, CVAT)      :mod:`.ultralytics`
+darknet    a Darknet ``.data`` file                           :mod:`.darknet`
+coco       a COCO instances JSON, or a folder of them         :mod:`.coco`
+voc        a ``VOCdevkit`` or ``VOC<year>`` folder            :mod:`.voc`
+=========  =================================================  ==========================
+
+:func:`read_dataset` gives every format the same shape: the class names the dataset names,
+the training and validation splits as :class:`~yolo3.data.annotations.Entry` lists (boxes in
+original image pixels, as an annotation file's), and what was rejected, each naming its file
+and line. What preprocessing does next (the class filter, the record shards, the manifest)
+does not depend on the format.
+
+The readers are written here rather than taken from a conversion library (globox,
+supervision): those raise on the first bad line or skip it without a word, where a training
+run needs every bad line named, counted and listed, ``--strict`` to refuse it, and the same
+rules as the annotation files. The tests check the readers against globox and pycocotools.
+"""
+
+import collections
+import dataclasses
+import os
+
+FORMATS = ("yolo", "darknet", "coco", "voc")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceDataset:
+    """A dataset as read: ``classes`` (names, in class id order), ``splits`` (``"train"``
+    and, where the dataset names one, ``"val"``: lists of
+    :class:`~yolo3.data.annotations.Entry`), ``rejects`` (:class:`~yolo3.data.annotations.
+    Reject` list) and ``counts`` (a Counter: ``images``, ``boxes``, ``background_images``,
+    ``rejected_boxes``, ``rejected_lines`` and the format's own)."""
+
+    format: str
+    path: str
+    classes: list
+    splits: dict
+    rejects: list
+    counts: collections.Counter
+
+
+def detect_format(path):
+    """The format of ``path`` from what it is (see the table above); ValueError if none."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if os.path.isdir(os.path.join(path, "Annotations")) or any(
+            name.startswith("VOC") for name in os.listdir(path)
+        ):
+            return "voc"
+        return "coco"  # annotations/instances_*.json or a Roboflow COCO export
+    if not os.path.exists(path):
+        raise ValueError(f"--data {path} does not exist")
+    suffix = os.path.splitext(path)[1].lower()
+    known = {".yaml": "yolo", ".yml": "yolo", ".data": "darknet", ".json": "coco"}
+    if suffix not in known:
+        raise ValueError(
+            f"--data {path}: cannot tell its format from the name; give --data-format "
+            f"({', '.join(FORMATS)})"
+        )
+    return known[suffix]
+
+
+def read_dataset(path, *, data_format=None, classes=None, image_root=None):
+    """Reads a dataset in any of :data:`FORMATS`.
+
+    Args:
+        path: what ``--data`` names (see the table above).
+        data_format: one of :data:`FORMATS`, or None to detect it from ``path``.
+        classes: class names to keep, for VOC (whose files name classes but not their
+            order); the other formats number their classes themselves.
+        image_root: COCO's image folder, when it is not where the JSON's layout puts it.
+
+    Raises:
+        ValueError: one line naming the file when the dataset cannot be read at all.
+    """
+    path = os.fspath(path)
+    data_format = data_format or detect_format(path)
+    if data_format not in FORMATS:
+        raise ValueError(f"--data-format {data_format!r}: use one of {', '.join(FORMATS)}")
+    if classes is not None and data_format != "voc":
+        raise ValueError(
+            f"--classes: a {data_format} dataset names its classes itself; drop --classes"
+        )
+    if not os.path.exists(path):
+        raise ValueError(f"--data {path} does not exist")
+    if data_format in ("yolo", "darknet"):
+        names, splits, rejects, counts = _read_yolo_layout(path, data_format)
+    elif data_format == "coco":
+        from yolo3.data.formats import coco  # noqa: PLC0415
+
+        names, splits, rejects, counts = coco.read(path, image_root)
+    else:
+        from yolo3.data.formats import voc  # noqa: PLC0415
+
+        names, splits, rejects, counts = voc.read(path, classes)
+    return SourceDataset(data_format, path, list(names), splits, rejects, counts)
+
+
+def _read_yolo_layout(path, data_format):
+    from yolo3.data.formats import darknet, ultralytics, yolo_labels  # noqa: PLC0415
+
+    if data_format == "yolo":
+        names, listed, label_folders = ultralytics.read(path)
+        label_of, skip = yolo_labels.label_path, []
+    else:
+        names, listed, label_folders, skip = darknet.read(path)
+        label_of = darknet.label_path
+    counts, rejects, splits = collections.Counter(), [], {}
+    claimed = list(skip)
+    for split, images in listed.items():
+        entries = splits.setdefault(split, [])
+        for image, source, line in images:
+            labels = label_of(image)
+            claimed.append(labels)
+            entry, image_rejects = yolo_labels.read_image(
+                image, labels, len(names), source=source, line=line, counts=counts
+            )
+            rejects.extend(image_rejects)
+            if entry is not None:
+                entries.append(entry)
+    orphans = yolo_labels.orphan_labels(label_folders, claimed)
+    rejects.extend(orphans)
+    counts["rejected_lines"] += len(orphans)
+    return names, splits, rejects, counts
+
+
+__all__ = ["FORMATS", "SourceDataset", "detect_format", "read_dataset"]

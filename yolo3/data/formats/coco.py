@@ -1,0 +1,178 @@
+"""COCO instances datasets: a JSON file of images, annotations and categories, and the
+folder of its images.
+
+``--data`` names the JSON file, or a folder laid out as COCO (``annotations/instances_
+train*.json`` and ``instances_val*.json``) or as Roboflow exports COCO (``train/_annotations.
+coco.json``, ``valid/_annotations.coco.json``). Given a training JSON whose name holds
+``train``, the JSON of the same name with ``val`` beside it is the validation split.
+
+Images are looked for in ``--image-root`` when given, else in the first of these folders
+that holds the first image the JSON lists: the JSON's own folder (Roboflow), its ``images``
+folder, and, from the folder above, ``<split>``, ``images/<split>``, ``images`` and the folder
+itself (``<split>`` is the name after ``instances_``: ``train2017``).
+
+Class ids are contiguous in the order of the category ids (for COCO 2017: Darknet's 80-class
+order), as ``yolo3 coco-annotation`` numbers them; a category that only names the others'
+supercategory and has no annotations (Roboflow's first category) is left out. Boxes
+``[x, y, width, height]`` become ``x_min, y_min, x_max, y_max`` in the same fractional
+pixels. Crowd regions (``iscrowd``) are not objects to detect and are left out, counted as
+``crowd_regions``; an image with no annotations is a background image. Rejected, naming the
+annotation's id: an annotation of an image or category the file does not list
+(``unknown_image``, ``unknown_category``) and a box with no width or height
+(``zero_area_box``).
+"""
+
+import collections
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from yolo3 import fileio
+from yolo3.data.annotations import Entry, Reject
+
+ROBOFLOW_FILE = "_annotations.coco.json"
+
+
+def find_files(path):
+    """``{split: json_path}`` for ``--data`` (see the module docstring)."""
+    if os.path.isdir(path):
+        for train_name in ("train", "training"):
+            train = os.path.join(path, train_name, ROBOFLOW_FILE)
+            if os.path.isfile(train):
+                found = {"train": train}
+                for val_name in ("valid", "val", "validation"):
+                    val = os.path.join(path, val_name, ROBOFLOW_FILE)
+                    if os.path.isfile(val):
+                        found["val"] = val
+                        break
+                return found
+        trains = sorted(glob.glob(os.path.join(path, "annotations", "instances_train*.json")))
+        if not trains:
+            raise ValueError(
+                f"{path}: no annotations/instances_train*.json nor train/{ROBOFLOW_FILE}; "
+                "give --data the COCO JSON file itself"
+            )
+        path = trains[0]
+    found = {"train": path}
+    folder, name = os.path.split(path)
+    if "train" in name:
+        val = os.path.join(folder, name.replace("train", "val", 1))
+        if os.path.isfile(val):
+            found["val"] = val
+    return found
+
+
+def load(path):
+    """The JSON file as a dict, checked for the three lists; ValueError naming the file."""
+    try:
+        data = json.loads(fileio.read_bytes(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON file ({err})") from err
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(data, dict) or not isinstance(data.get(key), list):
+            raise ValueError(f"{path}: no {key!r} list; is this a COCO instances file?")
+    return data
+
+
+def categories(datasets):
+    """``(category_ids, names)`` kept as classes, over every split's data (same list)."""
+    lists = [sorted(data["categories"], key=lambda c: c["id"]) for _, data in datasets]
+    first_path, first = datasets[0][0], lists[0]
+    for (path, _), other in zip(datasets[1:], lists[1:]):
+        if [(c["id"], c["name"]) for c in other] != [(c["id"], c["name"]) for c in first]:
+            raise ValueError(f"{path}: its categories differ from those of {first_path}")
+    used = {a.get("category_id") for _, data in datasets for a in data["annotations"]}
+    parents = {c.get("supercategory") for c in first}
+    kept = [c for c in first if c["id"] in used or c["name"] not in parents]
+    return [c["id"] for c in kept], [str(c["name"]) for c in kept]
+
+
+def image_folder(data, path, image_root):
+    """Where the images of ``data`` lie (see the module docstring)."""
+    if image_root is not None:
+        return image_root
+    if not data["images"]:
+        return os.path.dirname(path)
+    first = data["images"][0]["file_name"]
+    folder = os.path.dirname(os.path.abspath(path))
+    parent = os.path.dirname(folder)
+    split = re.sub(r"^instances_", "", os.path.splitext(os.path.basename(path))[0])
+    candidates = [
+        folder,
+        os.path.join(folder, "images"),
+        os.path.join(parent, split),
+        os.path.join(parent, "images", split),
+        os.path.join(parent, "images"),
+        parent,
+    ]
+    for candidate in candidates:
+        if os.path.exists(os.path.join(candidate, first)):
+            return candidate
+    raise ValueError(
+        f"{path}: its first image {first} is in none of {', '.join(candidates)}; "
+        "name the image folder with --image-root"
+    )
+
+
+def read_split(path, data, category_ids, image_root, counts):
+    """``(entries, rejects)`` of one JSON file (see the module docstring)."""
+    class_of = {category_id: index for index, category_id in enumerate(category_ids)}
+    known = {c["id"] for c in data["categories"]}
+    folder = image_folder(data, path, image_root)
+    images = {image["id"]: image["file_name"] for image in data["images"]}
+    objects, rejects = collections.defaultdict(list), []
+    for annotation in data["annotations"]:
+        where = f"{path}: annotation id {annotation.get('id')}"
+        if annotation.get("image_id") not in images:
+            message = f"{where} is of image id {annotation.get('image_id')}, which is not listed"
+            rejects.append(Reject(path, 0, "unknown_image", message, "box"))
+            continue
+        if annotation.get("category_id") not in known:
+            message = f"{where} has category id {annotation.get('category_id')}, not listed"
+            rejects.append(Reject(path, 0, "unknown_category", message, "box"))
+            continue
+        if annotation.get("iscrowd", 0):
+            counts["crowd_regions"] += 1
+            continue
+        x, y, width, height = (float(v) for v in annotation["bbox"])
+        if not width > 0 or not height > 0:
+            message = f"{where} has a box of zero width or height; the box is skipped"
+            rejects.append(Reject(path, 0, "zero_area_box", message, "box"))
+            continue
+        objects[annotation["image_id"]].append(
+            ((x, y, x + width, y + height), class_of[annotation["category_id"]])
+        )
+    counts["rejected_boxes"] += len(rejects)
+    entries = []
+    for image_id in sorted(images):
+        found = objects.get(image_id, [])
+        entries.append(
+            Entry(
+                path=os.path.normpath(os.path.join(folder, images[image_id])),
+                boxes=np.asarray([box for box, _ in found], np.float64).reshape(-1, 4),
+                classes=np.asarray([c for _, c in found], np.int64),
+                source=path,
+                line=0,
+            )
+        )
+        counts["images"] += 1
+        counts["boxes"] += len(found)
+        counts["background_images"] += not found
+    return entries, rejects
+
+
+def read(path, image_root=None):
+    """``(names, {split: entries}, rejects, counts)`` of a COCO dataset."""
+    files = find_files(path)
+    loaded = [(file, load(file)) for file in files.values()]
+    category_ids, names = categories(loaded)
+    if not names:
+        raise ValueError(f"{files['train']}: no categories; a COCO file lists them")
+    splits, rejects, counts = {}, [], collections.Counter()
+    for split, (file, data) in zip(files, loaded):
+        splits[split], split_rejects = read_split(file, data, category_ids, image_root, counts)
+        rejects.extend(split_rejects)
+    return names, splits, rejects, counts
