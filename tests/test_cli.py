@@ -96,6 +96,9 @@ def test_tensorflow_start_up_log_is_held_back_unless_asked_for():
     quiet = _run_python(*tool)
     assert quiet.returncode == 0 and "usage: detect.py" in quiet.stdout
     assert quiet.stderr == ""
+    # A notebook's first import of a public name, likewise.
+    library = _run_python("-c", "from yolo3 import load_detector")
+    assert library.returncode == 0 and library.stderr == ""
     loud = _run_python(*tool, **{TF_LOG_ENV: "1"})
     assert loud.returncode == 0
     assert _log_lines(loud.stderr) == _log_lines(baseline.stderr)

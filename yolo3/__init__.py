@@ -16,7 +16,8 @@ The names most programs start from are importable from here: :func:`build_model`
 :class:`Detector`, :func:`load_detector`, :func:`export_detector`, :class:`TrainConfig`,
 :func:`train` (``yolo3.engine.training.run``), :func:`open_record_set` and
 :func:`evaluate_detector`. Importing this package starts no TensorFlow; each is imported on
-first use.
+first use, TensorFlow's start-up log held back as the commands hold it back (a notebook
+shows what a process writes to its standard error; ``YOLO3_TF_LOG=1`` lets it through).
 """
 
 from yolo3 import _moved
@@ -43,7 +44,12 @@ def __getattr__(name):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'yolo3' has no attribute {name!r}")
     import importlib  # noqa: PLC0415
+    import sys  # noqa: PLC0415
 
+    if "tensorflow" not in sys.modules:
+        from yolo3.cli import start_tensorflow  # noqa: PLC0415
+
+        start_tensorflow()
     module, attribute = _EXPORTS[name]
     return getattr(importlib.import_module(module), attribute)
 
