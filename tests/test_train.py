@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import SMALL_ANCHORS
 from tensorflow.python.data.ops import multi_device_iterator_ops
-from train_helpers import SIZE, small_record_set, train_args, write_anchors
+from train_helpers import SIZE, small_record_set, train_args, validation_loss, write_anchors
 
 from yolo3.callbacks import StopOnNonFinite, read_training_state
 from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
@@ -23,7 +23,8 @@ from yolo3.model.resources import read_anchors
 @pytest.fixture(scope="module")
 def record_set(tmp_path_factory):
     folder = tmp_path_factory.mktemp("records")
-    return small_record_set(folder / "set"), write_anchors(folder / "anchors.txt")
+    # 7 validation images: a pass of batches of 4 ends with one padding image.
+    return small_record_set(folder / "set", val=7), write_anchors(folder / "anchors.txt")
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +103,8 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         "(last)",
         f"next: yolo3 detect --weights {checkpoints / 'best.weights.h5'} --output "
         f"{tmp_path / 'detect'} IMAGES_OR_FOLDERS",
-        f"      yolo3 evaluate --weights {checkpoints / 'best.weights.h5'} --records {records}",
+        f"      yolo3 evaluate --weights {checkpoints / 'last.weights.h5'} --records {records}",
+        "      (the last weights: best.weights.h5 was picked on these images)",
     ]
     assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
     # The template file holds the bare body: it loads into a fresh model with no wrapper
@@ -111,6 +113,11 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
     images = np.random.default_rng(0).uniform(0, 1, (2, SIZE, SIZE, 3)).astype(np.float32)
     for ours, theirs in zip(fresh(images), result.trainer.body(images)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    # The last validation pass scored each of the 7 images once (two batches of 4, the
+    # last padded): its loss is the mean over the 7 in one batch, plus the weight decay.
+    assert any("7 images per pass in 2 global batches of 4, 1 places padded" in m for m in logged)
+    expected = validation_loss(checkpoints / "last.weights.h5", records, anchors)
+    assert result.history["val_loss"][-1] == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.slow

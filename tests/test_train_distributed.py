@@ -21,6 +21,7 @@ from train_helpers import (
     job_inputs,
     small_record_set,
     train_args,
+    validation_loss,
     write_anchors,
 )
 from train_worker import probe_images
@@ -44,8 +45,9 @@ def setup(tmp_path_factory):
     Which records a step sees then cannot depend on the replica layout: Keras takes one
     batch from the iterator to build a model under a strategy, and shuffling differs
     between one pipeline and one per worker, but the set of images in a step does not.
+    Seven validation records in shards of 4 and 3: a worker's validation pass is padded.
     """
-    return job_inputs(tmp_path_factory.mktemp("distributed"))
+    return job_inputs(tmp_path_factory.mktemp("distributed"), val=7)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,12 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
     )
     assert moved > 5e-2
     assert step_one <= 5e-3 and step_two <= 3e-2
+    # Validation scored each of the 7 images once: worker 0 its shard of 4, worker 1 its 3
+    # and one padding image of weight 0, the one process 7 and one padding image.
+    for run in ("job", "one"):
+        epoch_one = tmp_path / run / "checkpoints/epoch-0001.weights.h5"
+        logged = read_metadata(str(epoch_one))["logs"]["val_loss"]
+        assert logged == pytest.approx(validation_loss(epoch_one, records, anchors), rel=1e-5)
     # Only the chief wrote: one set of checkpoints, one TensorBoard run, one config.
     assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
     print(f"\n2-worker cluster, 2 epochs of tiny at {SIZE} px: {cluster_seconds:.0f} s wall")

@@ -1,14 +1,18 @@
 """Record sets and anchors files for training tests, written into a temporary folder."""
 
 import json
+from pathlib import Path
 
 import keras
 import numpy as np
 from helpers import SMALL_ANCHORS
 from record_sets import make_examples, write_record_set
 
-from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
+from yolo3.data.pipeline import make_dataset
+from yolo3.engine.trainer import YoloTrainer
 from yolo3.model.network import tiny_yolo_body
+from yolo3.model.resources import read_anchors
 
 SIZE = 64
 
@@ -47,6 +51,27 @@ def small_record_set(directory, *, train=32, val=8, num_shards=2, seed=0, noise=
     if val:
         splits["val"] = examples(val)
     return write_record_set(directory, splits, num_shards=num_shards)
+
+
+def validation_loss(weights, records, anchors):
+    """The validation loss the weights file ``weights`` (tiny-YOLOv3, 2 classes) has on the
+    whole val split of ``records``: the mean per-image loss over every image, in one batch,
+    plus the weight decay. What a run's validation pass must log for those weights."""
+    body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
+    load_weights(body, str(weights))
+    anchors = read_anchors(anchors)
+    count = int(
+        json.loads((Path(records) / "manifest.json").read_text())["splits"]["val"]["records"]
+    )
+    dataset = make_dataset(
+        str(records), "val", batch_size=count, anchors=anchors, num_classes=2,
+        training=False, targets=False,
+    )  # fmt: skip
+    images, boxes = next(iter(dataset))
+    assert len(images) == count
+    trainer = YoloTrainer(body, anchors=anchors, num_classes=2)
+    per_image, _ = trainer.per_image_loss(images, boxes, trainer(images))
+    return float(np.mean(per_image)) + float(sum(np.asarray(w) for w in body.losses))
 
 
 def job_inputs(folder, *, train=8, val=8, num_shards=2):

@@ -29,6 +29,7 @@ by TensorFlow, which also works as long as there are at least as many shards as 
 """
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -112,6 +113,38 @@ def _shard_files(files, input_context, record_set, split):
     return files[input_context.input_pipeline_id :: pipelines]
 
 
+def _padded_passes(dataset, records, pass_size, input_hw, max_boxes):
+    """``(image, boxes)`` -> ``(image, boxes, weight)``: the ``records`` elements with
+    weight 1, then zero images with weight 0 up to ``pass_size``, repeated."""
+    if records > pass_size:
+        raise ValueError(f"{records} validation records do not fit a pass of {pass_size}")
+    padding = tf.data.Dataset.from_tensors(
+        (
+            tf.zeros([*input_hw, 3], dataset.element_spec[0].dtype),
+            tf.zeros([max_boxes, 5], dataset.element_spec[1].dtype),
+            tf.constant(0.0),
+        )
+    ).repeat(pass_size - records)
+    weighted = dataset.map(lambda image, boxes: (image, boxes, tf.constant(1.0)))
+    return weighted.concatenate(padding).repeat()
+
+
+def padded_pass_steps(record_set, split, *, batch_size, pipelines=1, replicas=1):
+    """Steps of a validation pass that reads every record of ``split`` once.
+
+    Each of ``pipelines`` input pipelines reads its own shard files (every n-th, as
+    :func:`make_dataset` does) for ``replicas // pipelines`` replicas of ``batch_size``
+    images each. The pass has as many steps as the pipeline with the most records needs; the
+    others, and that one's last step, are filled with padding images of weight 0
+    (``make_dataset(pass_batches=...)``). Every worker runs the same steps, as the
+    collectives of a multi-worker job require.
+    """
+    counts = record_set.shard_records(split)
+    per_step = batch_size * max(replicas // pipelines, 1)
+    most = max(sum(counts[index::pipelines]) for index in range(pipelines))
+    return max(1, math.ceil(most / per_step))
+
+
 def make_dataset(
     record_set,
     split="train",
@@ -131,6 +164,7 @@ def make_dataset(
     drop_remainder=None,
     repeat=None,
     deterministic=None,
+    pass_batches=None,
 ):
     """Batches of images and per-level targets read from a record set.
 
@@ -160,6 +194,11 @@ def make_dataset(
             building to the train step (see the module docstring).
         drop_remainder: drop a last partial batch (default: when training).
         repeat: repeat forever (default: when training).
+        pass_batches: validation that reads every record once per pass: each element is
+            ``(images, boxes, weights)`` with ``weights`` ``(B,)`` float32, 1 for a record
+            and 0 for the zero images that fill the pass up to exactly this many batches
+            (:func:`padded_pass_steps`); the passes repeat forever. Needs ``training``
+            False and ``targets`` False.
         deterministic: order of the parallel reads and maps; None keeps the
             ``tf.data.Options`` default (deterministic). False is faster, but then the order
             and the flips no longer follow from the seed alone.
@@ -182,6 +221,10 @@ def make_dataset(
     files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
     drop_remainder = training if drop_remainder is None else drop_remainder
     repeat = training if repeat is None else repeat
+    if pass_batches is not None:
+        if training or targets:
+            raise ValueError("pass_batches is for validation: training=False, targets=False")
+        drop_remainder, repeat = True, False  # the padding makes whole batches; passes repeat
     flip = flip if training else 0.0
 
     if training:
@@ -216,6 +259,13 @@ def make_dataset(
     dataset = dataset.enumerate().map(
         parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
+    if pass_batches is not None:
+        here = sum(
+            count
+            for path, count in zip(record_set.shard_paths(split), record_set.shard_records(split))
+            if path in files
+        )
+        dataset = _padded_passes(dataset, here, pass_batches * batch_size, input_hw, max_boxes)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
 
     def to_targets(images, boxes):

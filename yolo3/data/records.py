@@ -295,6 +295,11 @@ class RecordSet:
         """Full paths of the shards of ``split``, in order; an error names a missing split."""
         return shard_paths(self.directory, self.manifest, split)
 
+    def shard_records(self, split):
+        """Records in each shard of ``split``, in the order of :meth:`shard_paths`."""
+        self.shard_paths(split)  # raises for a missing split
+        return [int(shard["records"]) for shard in self.manifest["splits"][split]["shards"]]
+
     def num_records(self, split):
         self.shard_paths(split)  # raises for a missing split
         return int(self.manifest["splits"][split]["records"])

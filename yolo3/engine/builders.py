@@ -351,27 +351,30 @@ def build_datasets(config, setup, strategy, log):
             )
         return train_records(config, data, setup.anchor_masks, context)
 
-    def val_fn(context):
-        # Repeated, with a fixed step count: every worker must run the same number of
-        # steps, or the collective ops of a multi-worker job wait forever.
-        val_set, val_split = data.val_source
-        return yolo_data.make_dataset(
-            val_set,
-            val_split,
-            training=False,
-            repeat=True,
-            drop_remainder=True,
-            input_context=context,
-            targets=False,
-            **options,
-        )
-
     autotune.untune_device_datasets()
     train = strategy.distribute_datasets_from_function(train_fn)
     if not data.val_source:
         return Datasets(train, None, None)
+    val_steps = _validation_steps(config, setup, log)
+
+    def val_fn(context):
+        # Every record once a pass, padded with weightless images to the same fixed step
+        # count on every worker: the collective ops of a multi-worker job wait forever for
+        # a worker that stops early.
+        val_set, val_split = data.val_source
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+        return yolo_data.make_dataset(
+            val_set,
+            val_split,
+            training=False,
+            input_context=context,
+            targets=False,
+            pass_batches=val_steps * max(replicas_here, 1),
+            **options,
+        )
+
     val = strategy.distribute_datasets_from_function(val_fn)
-    return Datasets(train, val, _validation_steps(config, setup, log))
+    return Datasets(train, val, val_steps)
 
 
 def train_records(config, data, anchor_masks=None, context=None):
@@ -393,19 +396,22 @@ def train_records(config, data, anchor_masks=None, context=None):
 
 
 def _validation_steps(config, setup, log):
-    """Steps per validation pass: the whole global batches the validation split holds."""
+    """Steps per validation pass: every validation image once, the last global batch (and
+    the batches of a worker with fewer images) filled with padding that carries no weight."""
     val_set, val_split = setup.data.val_source
     val_records = val_set.num_records(val_split)
     eval_batch = config.batch_size * setup.replicas  # no micro-batches in validation
-    val_steps = max(1, val_records // eval_batch)
-    if val_records < eval_batch:
+    val_steps = yolo_data.padded_pass_steps(
+        val_set,
+        val_split,
+        batch_size=config.batch_size,
+        pipelines=setup.info.num_workers,
+        replicas=setup.replicas,
+    )
+    padding = val_steps * eval_batch - val_records
+    if padding:
         log(
-            f"validation: {val_records} images, under one global batch of {eval_batch}; "
-            "each pass repeats some of them"
-        )
-    elif val_records % eval_batch:
-        log(
-            f"validation: {val_steps * eval_batch} of {val_records} images per pass "
-            f"(whole global batches of {eval_batch})"
+            f"validation: {val_records} images per pass in {val_steps} global batches of "
+            f"{eval_batch}, {padding} places padded (weight 0)"
         )
     return val_steps

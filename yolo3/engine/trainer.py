@@ -277,8 +277,32 @@ class YoloTrainer(StepFunctions, keras.Model):
             return self._remat_forward(images)
         return self.body(images, training=training)
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        del sample_weight, training
+    def test_step(self, data):
+        """Keras's step, or with ``(x, y, weights)`` each image weighted: ``weights`` ``(N,)``
+        is 0 for the images that pad a validation pass to whole global batches
+        (:func:`yolo3.data.pipeline.padded_pass_steps`), so that the logged losses are the
+        means over the validation images, each counted once."""
+        x, y, weights = keras.utils.unpack_x_y_sample_weight(data)
+        if weights is None:
+            return super().test_step(data)
+        y_pred = self(x, training=False)
+        per_image, terms = self.per_image_loss(x, y, y_pred)
+        weights = ops.cast(ops.reshape(weights, (-1,)), "float32")
+        count = ops.sum(weights)
+        mean = ops.sum(ops.reshape(per_image, (-1,)) * weights) / ops.maximum(count, 1.0)
+        decay = [ops.cast(reg, "float32") for reg in self.losses]
+        if decay:
+            mean = mean + ops.sum(ops.stack(decay))
+        # Keras's Mean metrics sum value x weight and the weights over the replicas.
+        self._loss_tracker.update_state(mean, sample_weight=count)
+        for tracker, term in zip(self.term_trackers, LOSS_TERMS):
+            values = ops.reshape(terms[term], (-1,))
+            tracker.update_state(values, sample_weight=weights)
+        return self.get_metrics_result()
+
+    def per_image_loss(self, x, y, y_pred):
+        """``(total (N, 1), terms)`` of :func:`yolo3.model.loss.yolo_loss`, float32, the
+        targets built here from padded boxes ``y`` when they are not given."""
         outputs = [ops.cast(output, "float32") for output in y_pred]  # mixed precision
         boxes = None
         if not isinstance(y, (tuple, list)):  # padded boxes: targets are built here
@@ -301,6 +325,11 @@ class YoloTrainer(StepFunctions, keras.Model):
             anchor_masks=self.anchor_masks,
             true_boxes=boxes,
         )
+        return total, terms
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        del sample_weight, training
+        total, terms = self.per_image_loss(x, y, y_pred)
         for tracker, term in zip(self.term_trackers, LOSS_TERMS):
             tracker.update_state(terms[term])
         return self.replica_loss(total)

@@ -268,7 +268,10 @@ def _summary(config, checkpoint_dir):
     output = os.path.join(config.log_dir, "detect")
     lines.append(f"next: yolo3 detect --weights {chosen} --output {output} IMAGES_OR_FOLDERS")
     if validated:
-        lines.append(f"      yolo3 evaluate --weights {chosen} --records {config.records}")
+        # The best epoch was picked by its loss on the validation images: its mAP there
+        # would read high. The last epoch's weights were picked by nothing.
+        lines.append(f"      yolo3 evaluate --weights {last} --records {config.records}")
+        lines.append(f"      (the last weights: {yolo_callbacks.BEST} was picked on these images)")
     return lines
 
 
