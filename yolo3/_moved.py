@@ -82,7 +82,8 @@ def answer_for(package, module):
     folder = Path(sys.modules[package].__file__).resolve().parent
 
     def __getattr__(name):
-        if name.startswith("_") or (folder / f"{name}.py").exists():
+        submodule = (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists()
+        if name.startswith("_") or submodule:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f"{package}.{module}"), name)
 
