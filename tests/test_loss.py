@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, numpy_loss, numpy_targets, random_boxes
 
-from yolo3.model.loss import yolo_loss
+from yolo3.model.loss import iou_variant, loss_terms, yolo_loss
 from yolo3.model.targets import build_targets
 
 NUM_CLASSES = 2
@@ -137,3 +137,109 @@ def test_mismatched_levels_are_an_error():
     )
     with pytest.raises(ValueError, match="2 output levels expected"):
         yolo_loss(targets, _zeros(1)[:1], anchors=SMALL_ANCHORS, num_classes=2)
+
+
+def _numpy_iou_variant(pred, true, kind):
+    """An independent NumPy reading of the IoU variants' definitions, box by box."""
+    out = []
+    for (px, py, pw, ph), (tx, ty, tw, th) in zip(pred, true):
+        p0, p1 = (px - pw / 2, py - ph / 2), (px + pw / 2, py + ph / 2)
+        t0, t1 = (tx - tw / 2, ty - th / 2), (tx + tw / 2, ty + th / 2)
+        iw = max(min(p1[0], t1[0]) - max(p0[0], t0[0]), 0)
+        ih = max(min(p1[1], t1[1]) - max(p0[1], t0[1]), 0)
+        union = pw * ph + tw * th - iw * ih
+        iou = iw * ih / union
+        cw = max(p1[0], t1[0]) - min(p0[0], t0[0])
+        ch = max(p1[1], t1[1]) - min(p0[1], t0[1])
+        value = {
+            "iou": iou,
+            "giou": iou - (cw * ch - union) / (cw * ch),
+            "diou": iou - ((px - tx) ** 2 + (py - ty) ** 2) / (cw**2 + ch**2),
+        }
+        v = 4 / np.pi**2 * (np.arctan(tw / th) - np.arctan(pw / ph)) ** 2
+        value["ciou"] = value["diou"] - v / (1 - iou + v) * v
+        out.append(value[kind])
+    return np.array(out)
+
+
+@pytest.mark.parametrize("kind", ["iou", "giou", "diou", "ciou"])
+def test_iou_variants_match_hand_values_and_numpy(kind):
+    # Corners (0,0,2,2) and (1,1,3,3): overlap 1, union 7, enclosing 3x3 (area 9, diagonal^2
+    # 18), centres 2^0.5 apart, same aspect: IoU 1/7, GIoU 1/7 - 2/9, DIoU = CIoU 1/7 - 2/18.
+    # Corners (0,0,2,1) and (0,0,1,1): IoU 1/2, enclosing 2x1 = the union (GIoU 1/2),
+    # centres 0.5 apart over diagonal^2 5 (DIoU 0.45); v = 4/pi^2 (atan 1 - atan 2)^2.
+    v = 4 / np.pi**2 * (np.pi / 4 - np.arctan(2.0)) ** 2
+    hand = {
+        "iou": [1 / 7, 0.5],
+        "giou": [1 / 7 - 2 / 9, 0.5],
+        "diou": [1 / 7 - 2 / 18, 0.45],
+        "ciou": [1 / 7 - 2 / 18, 0.45 - v / (0.5 + v) * v],
+    }[kind]
+    pred = np.array([[1, 1, 2, 2], [1, 0.5, 2, 1]], np.float32)
+    true = np.array([[2, 2, 2, 2], [0.5, 0.5, 1, 1]], np.float32)
+    got = iou_variant(pred, true, kind).numpy()[:, 0]
+    np.testing.assert_allclose(got, hand, rtol=1e-6)
+    rng = np.random.default_rng(7)
+    pred = np.concatenate([rng.uniform(0, 60, (50, 2)), rng.uniform(1, 30, (50, 2))], axis=1)
+    true = np.concatenate([rng.uniform(0, 60, (50, 2)), rng.uniform(1, 30, (50, 2))], axis=1)
+    got = iou_variant(pred.astype(np.float32), true.astype(np.float32), kind).numpy()[:, 0]
+    np.testing.assert_allclose(got, _numpy_iou_variant(pred, true, kind), rtol=1e-5, atol=1e-6)
+
+
+def _weighted_loss(boxes, outputs, **options):
+    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    total, terms = yolo_loss(
+        targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, ignore_thresh=0.5, **options
+    )
+    return total.numpy()[:, 0], {name: value.numpy()[:, 0] for name, value in terms.items()}
+
+
+@pytest.mark.parametrize("kind", ["iou", "giou", "diou", "ciou"])
+def test_iou_losses_replace_xy_and_wh_by_one_box_term(kind):
+    # The box of test_prediction_equal_to_target_has_no_box_loss, predicted exactly.
+    boxes = np.array([[[20, 17, 44, 47, 0]], [[0, 0, 0, 0, 0]]], np.float32)
+    outputs = _zeros(2)
+    cell = outputs[0][0, 1, 1].reshape(3, 5 + NUM_CLASSES)
+    cell[0, :2] = -30.0
+    outputs[0][0, 1, 1] = cell.reshape(-1)
+    total, terms = _weighted_loss(boxes, outputs, iou_loss=kind)
+    assert sorted(terms) == ["box", "class", "objectness"]
+    assert terms["box"][0] < 1e-6 and terms["box"][1] == 0  # exact; an image with no box
+    np.testing.assert_allclose(total, terms["box"] + terms["objectness"] + terms["class"])
+    # Off by a quarter of the width: 1 - IoU(24x30 against 30x30 at the same centre) = 0.2.
+    cell[0, 2] = np.log(1.25)
+    outputs[0][0, 1, 1] = cell.reshape(-1)
+    _, off = _weighted_loss(boxes, outputs, iou_loss=kind, iou_normalizer=0.5)
+    if kind in ("iou", "giou", "diou"):  # same centre, the union encloses both: all equal
+        np.testing.assert_allclose(off["box"][0], 0.5 * 0.2, rtol=1e-5)
+    else:  # CIoU also charges the aspect ratio: 30x30 against 24x30
+        v = 4 / np.pi**2 * (np.arctan(24 / 30) - np.arctan(1.0)) ** 2
+        np.testing.assert_allclose(off["box"][0], 0.5 * (0.2 + v / (0.2 + v) * v), rtol=1e-5)
+
+
+def test_normalizers_weigh_their_terms_and_iou_gradients_stay_finite():
+    rng = np.random.default_rng(5)
+    boxes = random_boxes(rng, 3, 4, 64, NUM_CLASSES)
+    boxes[1] = 0  # padding only
+    outputs = [rng.normal(0, 1.5, o.shape).astype(np.float32) for o in _zeros(3)]
+    _, plain = _weighted_loss(boxes, outputs)
+    _, weighted = _weighted_loss(
+        boxes, outputs, iou_normalizer=0.07, obj_normalizer=2.0, cls_normalizer=0.5
+    )
+    np.testing.assert_allclose(weighted["xy"], 0.07 * plain["xy"], rtol=1e-5)
+    np.testing.assert_allclose(weighted["wh"], 0.07 * plain["wh"], rtol=1e-5)
+    np.testing.assert_allclose(weighted["objectness"], 2.0 * plain["objectness"], rtol=1e-5)
+    np.testing.assert_allclose(weighted["class"], 0.5 * plain["class"], rtol=1e-5)
+    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    variables = [tf.constant(o) for o in outputs]
+    with tf.GradientTape() as tape:
+        tape.watch(variables)
+        total, _ = yolo_loss(
+            targets, variables, anchors=SMALL_ANCHORS, num_classes=2, iou_loss="ciou"
+        )
+        summed = tf.reduce_sum(total)
+    for gradient in tape.gradient(summed, variables):
+        assert np.all(np.isfinite(gradient.numpy()))
+        assert np.any(gradient.numpy() != 0)
+    with pytest.raises(ValueError, match="iou_loss 'ciuo': use one of mse, iou, giou"):
+        loss_terms("ciuo")

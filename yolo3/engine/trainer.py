@@ -12,6 +12,7 @@ Each replica differentiates ``sum(per_image) / global_batch`` (the local mean sc
 gradients of the replicas equal the gradient of the mean over the global batch.
 """
 
+import dataclasses
 import math
 
 import keras
@@ -22,7 +23,7 @@ from keras import ops
 from yolo3.comm.schemes import AllReduce
 from yolo3.engine.status import TrainingStatus
 from yolo3.engine.step import StepFunctions, accumulated_step
-from yolo3.model.loss import IGNORE_THRESH, LOSS_TERMS, replica_loss, yolo_loss
+from yolo3.model.loss import IGNORE_THRESH, LossOptions, loss_terms, replica_loss, yolo_loss
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
 from yolo3.model.resources import default_anchor_masks
@@ -174,6 +175,8 @@ class YoloTrainer(StepFunctions, keras.Model):
         num_classes: number of classes.
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
         ignore_thresh: IoU above which a background prediction is not penalised.
+        loss_options: the loss's box term and the weights of its terms, a
+            :class:`yolo3.model.loss.LossOptions` (default: YOLOv3's loss).
         remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
             activations in the backward pass (:class:`yolo3.model.remat.RematForward`) to fit
             larger batches; the loss and gradients stay the same.
@@ -208,6 +211,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         num_classes,
         anchor_masks=None,
         ignore_thresh=IGNORE_THRESH,
+        loss_options=None,
         remat="off",
         multi_scale=None,
         accumulate=1,
@@ -238,7 +242,9 @@ class YoloTrainer(StepFunctions, keras.Model):
             tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
         )
         self.ignore_thresh = float(ignore_thresh)
-        self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in LOSS_TERMS]
+        self.loss_options = loss_options or LossOptions()
+        self.term_names = loss_terms(self.loss_options.iou_loss)
+        self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in self.term_names]
         # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
         self.lr_scale = self.add_weight(
             shape=(), initializer="ones", trainable=False, name="lr_scale"
@@ -295,7 +301,7 @@ class YoloTrainer(StepFunctions, keras.Model):
             mean = mean + ops.sum(ops.stack(decay))
         # Keras's Mean metrics sum value x weight and the weights over the replicas.
         self._loss_tracker.update_state(mean, sample_weight=count)
-        for tracker, term in zip(self.term_trackers, LOSS_TERMS):
+        for tracker, term in zip(self.term_trackers, self.term_names):
             values = ops.reshape(terms[term], (-1,))
             tracker.update_state(values, sample_weight=weights)
         return self.get_metrics_result()
@@ -324,13 +330,14 @@ class YoloTrainer(StepFunctions, keras.Model):
             ignore_thresh=self.ignore_thresh,
             anchor_masks=self.anchor_masks,
             true_boxes=boxes,
+            **dataclasses.asdict(self.loss_options),
         )
         return total, terms
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         del sample_weight, training
         total, terms = self.per_image_loss(x, y, y_pred)
-        for tracker, term in zip(self.term_trackers, LOSS_TERMS):
+        for tracker, term in zip(self.term_trackers, self.term_names):
             tracker.update_state(terms[term])
         return self.replica_loss(total)
 

@@ -17,7 +17,19 @@ The terms are those of the original keras-yolo3 (and Darknet's yolo layer):
 - class: sigmoid cross-entropy per class where an object is assigned.
 Each term is summed over cells, anchors and levels; the mean of the per-image totals over
 a batch equals the original's ``sum / batch_size``.
+
+``iou_loss`` replaces the xy and wh terms by one box term, ``1 - IoU`` or a variant of it
+between the decoded prediction and the true box where an object is assigned (GIoU,
+Rezatofighi et al. CVPR 2019; DIoU and CIoU, Zheng et al. AAAI 2020), as AlexeyAB's Darknet
+does with the ``[yolo]`` keys of the same names. ``iou_normalizer``, ``obj_normalizer`` and
+``cls_normalizer`` weigh the box (or xy and wh), objectness and class terms; at their
+defaults (``mse``, 1, 1, 1) the loss is YOLOv3's. In AlexeyAB's Darknet the MSE box deltas
+also carry ``iou_normalizer`` and the IoU ones do not carry the ``2 - w * h`` scale; both
+hold here.
 """
+
+import dataclasses
+import math
 
 import tensorflow as tf
 from keras import ops
@@ -29,6 +41,8 @@ from yolo3.model.resources import default_anchor_masks
 # whose published figures are the ones results are compared with.
 IGNORE_THRESH = 0.7
 LOSS_TERMS = ("xy", "wh", "objectness", "class")
+# The box terms of iou_loss: "mse" is YOLOv3's xy and wh terms, the others one box term.
+IOU_LOSSES = ("mse", "iou", "giou", "diou", "ciou")
 # Truth boxes per image for the ignore mask when only targets are given (Darknet's default).
 MAX_TRUE_BOXES = 90
 # exp() of a raw width/height logit above this overflows float32 box areas in the IoU.
@@ -59,6 +73,69 @@ def box_iou(boxes_a, boxes_b):
     area_a = boxes_a[:, :, None, 2] * boxes_a[:, :, None, 3]
     area_b = boxes_b[:, None, :, 2] * boxes_b[:, None, :, 3]
     return intersection / ops.maximum(area_a + area_b - intersection, 1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossOptions:
+    """The box term and the weights of :func:`yolo_loss`'s terms (its keyword arguments of
+    the same names), checked once wherever they come from."""
+
+    iou_loss: str = "mse"
+    iou_normalizer: float = 1.0
+    obj_normalizer: float = 1.0
+    cls_normalizer: float = 1.0
+
+    def __post_init__(self):
+        loss_terms(self.iou_loss)  # raises for an unknown kind
+        for name in ("iou_normalizer", "obj_normalizer", "cls_normalizer"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} {value}: use a weight above 0")
+
+
+def loss_terms(iou_loss="mse"):
+    """The names of the terms :func:`yolo_loss` returns for ``iou_loss``."""
+    if iou_loss not in IOU_LOSSES:
+        raise ValueError(f"iou_loss {iou_loss!r}: use one of {', '.join(IOU_LOSSES)}")
+    return LOSS_TERMS if iou_loss == "mse" else ("box", "objectness", "class")
+
+
+def iou_variant(pred, true, kind):
+    """IoU, GIoU, DIoU or CIoU of aligned boxes: ``pred`` and ``true`` (..., 4) centre x,
+    y, width, height in one unit (pixels: CIoU's aspect ratios need equal units on both
+    axes); returns (..., 1). Finite for a zero-size ``true`` (padding), whose IoU is 0.
+
+    GIoU subtracts the part of the enclosing box neither box covers; DIoU the squared
+    centre distance over the enclosing box's squared diagonal; CIoU also ``alpha * v``, with
+    ``v`` the squared difference of the boxes' aspect angles times 4 / pi^2 and ``alpha =
+    v / (1 - IoU + v)`` held constant in the gradient, as in the paper.
+    """
+    pred_min, pred_max = _box_corners(pred)
+    true_min, true_max = _box_corners(true)
+    overlap = ops.maximum(ops.minimum(pred_max, true_max) - ops.maximum(pred_min, true_min), 0.0)
+    intersection = overlap[..., 0:1] * overlap[..., 1:2]
+    union = pred[..., 2:3] * pred[..., 3:4] + true[..., 2:3] * true[..., 3:4] - intersection
+    iou = intersection / ops.maximum(union, 1e-9)
+    if kind == "iou":
+        return iou
+    enclose = ops.maximum(pred_max, true_max) - ops.minimum(pred_min, true_min)
+    if kind == "giou":
+        area = enclose[..., 0:1] * enclose[..., 1:2]
+        return iou - (area - union) / ops.maximum(area, 1e-9)
+    diagonal = ops.sum(ops.square(enclose), axis=-1, keepdims=True)
+    distance = ops.sum(ops.square(pred[..., 0:2] - true[..., 0:2]), axis=-1, keepdims=True)
+    diou = iou - distance / ops.maximum(diagonal, 1e-9)
+    if kind == "diou":
+        return diou
+    if kind != "ciou":
+        raise ValueError(f"iou kind {kind!r}: use iou, giou, diou or ciou")
+
+    def angle(box):
+        return ops.arctan(box[..., 2:3] / ops.maximum(box[..., 3:4], 1e-9))
+
+    v = (4.0 / 3.141592653589793**2) * ops.square(angle(true) - angle(pred))
+    alpha = ops.stop_gradient(v / ops.maximum(1.0 - iou + v, 1e-9))
+    return diou - alpha * v
 
 
 def _boxes_from_targets(y_true, max_true_boxes):
@@ -104,6 +181,10 @@ def yolo_loss(
     anchor_masks=None,
     true_boxes=None,
     max_true_boxes=MAX_TRUE_BOXES,
+    iou_loss="mse",
+    iou_normalizer=1.0,
+    obj_normalizer=1.0,
+    cls_normalizer=1.0,
 ):
     """Per-image YOLOv3 loss.
 
@@ -127,11 +208,16 @@ def yolo_loss(
             anchor to another.
         max_true_boxes: the cap of that fallback; shapes stay static, so the loss compiles
             with XLA either way.
+        iou_loss: one of :data:`IOU_LOSSES`: ``mse`` (YOLOv3's xy and wh terms) or the
+            box term ``1 - IoU``, ``1 - GIoU``, ``1 - DIoU``, ``1 - CIoU``.
+        iou_normalizer, obj_normalizer, cls_normalizer: weights of the box (or xy and wh),
+            objectness and class terms (AlexeyAB Darknet's ``[yolo]`` keys).
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
-        of ``LOSS_TERMS`` to its (N, 1) per-image value.
+        of :func:`loss_terms` ``(iou_loss)`` to its (N, 1) per-image value, weighted.
     """
+    names = loss_terms(iou_loss)
     anchors = ops.convert_to_tensor(anchors, "float32")
     anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
     if len(y_true) != len(anchor_masks) or len(y_pred) != len(anchor_masks):
@@ -151,7 +237,7 @@ def yolo_loss(
             true_boxes = ops.pad(true_boxes, [[0, 0], [0, 1], [0, 0]])
     true_boxes = ops.stop_gradient(true_boxes)
 
-    terms = {name: 0.0 for name in LOSS_TERMS}
+    terms = {name: 0.0 for name in names}
     for level, mask in enumerate(anchor_masks):
         target = y_true[level]
         shape = ops.shape(y_pred[level])
@@ -180,18 +266,27 @@ def yolo_loss(
         )
 
         objectness_bce = _sigmoid_bce(object_mask, raw[..., 4:5])
+        objectness = (
+            object_mask * objectness_bce + (1.0 - object_mask) * objectness_bce * ignore_mask
+        )
         level_terms = {
-            "xy": object_mask * box_scale * _sigmoid_bce(true_xy, raw[..., 0:2]),
-            "wh": object_mask * box_scale * 0.5 * ops.square(true_wh - raw[..., 2:4]),
-            "objectness": object_mask * objectness_bce
-            + (1.0 - object_mask) * objectness_bce * ignore_mask,
-            "class": object_mask * _sigmoid_bce(target[..., 5:], raw[..., 5:]),
+            "objectness": obj_normalizer * objectness,
+            "class": cls_normalizer * object_mask * _sigmoid_bce(target[..., 5:], raw[..., 5:]),
         }
+        if iou_loss == "mse":
+            box_weight = iou_normalizer * object_mask * box_scale
+            level_terms["xy"] = box_weight * _sigmoid_bce(true_xy, raw[..., 0:2])
+            level_terms["wh"] = box_weight * 0.5 * ops.square(true_wh - raw[..., 2:4])
+        else:
+            pixels = ops.concatenate([input_wh, input_wh], axis=0)
+            decoded = ops.concatenate([pred_xy, pred_wh], axis=-1) * pixels
+            variant = iou_variant(decoded, target[..., 0:4] * pixels, iou_loss)
+            level_terms["box"] = iou_normalizer * object_mask * (1.0 - variant)
         for name, value in level_terms.items():
             terms[name] = terms[name] + ops.sum(value, axis=(1, 2, 3, 4))
 
     terms = {name: ops.expand_dims(value, -1) for name, value in terms.items()}
-    total = terms["xy"] + terms["wh"] + terms["objectness"] + terms["class"]
+    total = sum(terms[name] for name in names)
     return total, terms
 
 
