@@ -60,6 +60,12 @@ setup(
         # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
         "video": ["opencv-python-headless>=4.10,<5"],
         "docs": DOCS,
+        # yolo3 train --mlflow and yolo3 evaluate --mlflow (callbacks/mlflow_tracking.py). The
+        # whole package, not mlflow-skinny (the client alone): tests/test_mlflow.py runs a real
+        # `mlflow server`. 3.17 resolves beside TensorFlow 2.21 (its protobuf and NumPy kept)
+        # and is the newest whose client package is published with it (3.18.0 asks for an
+        # mlflow-skinny 3.18.0 that the registry does not have).
+        "mlflow": ["mlflow>=3.17.2,<3.18"],
         # nbclient runs examples/*.ipynb in tests/test_notebook.py on an ipykernel kernel.
         "test": [
             "pytest>=8",
@@ -75,6 +81,7 @@ setup(
             # that the project's own readers (yolo3.data.formats) are checked against.
             "globox>=2.9,<3",
             *EXPORT,
+            "mlflow>=3.17.2,<3.18",  # the mlflow extra, for tests/test_mlflow.py
             # tests/test_docs.py builds the site.
             *DOCS,
         ],

@@ -18,6 +18,9 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
 - :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
+
+:mod:`yolo3.callbacks.mlflow_tracking` (``MlflowTracking``, for ``--mlflow``) is left out
+of this namespace: only a run that tracks imports it, and MLflow with it.
 """
 
 from yolo3.engine.status import TrainingStatus

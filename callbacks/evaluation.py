@@ -69,6 +69,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self.tensorboard_dir = tensorboard_dir
         self.log = log
         self.history = []
+        self.latest = None  # the last Evaluation, for a report at the run's end (MLflow)
         self._writer = None
 
     def on_epoch_end(self, epoch, logs=None):
@@ -88,6 +89,7 @@ class MapEvaluation(keras.callbacks.Callback):
         )
         value = evaluation.map50
         self.history.append((epoch + 1, value))
+        self.latest = evaluation
         if logs is not None and math.isfinite(value):
             logs["val_mAP50"] = value
         if self.tensorboard_dir:

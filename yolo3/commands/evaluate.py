@@ -34,6 +34,13 @@ TensorBoard under ``LOG_DIR/eval``, the best weights by mAP are kept as
 ``checkpoints/best_map.weights.h5``, and the watcher stops after the run's last epoch.
 Run it as a separate process on a device of its own (``--device gpu:N``).
 
+``--mlflow`` logs an evaluation to an MLflow run (``pip install "keras-yolo3[mlflow]"``): by
+default the run that ``yolo3 train --mlflow`` recorded in the weights' log folder
+(``mlflow_run.json``), else ``--mlflow-run-id``. Its figures become the metrics
+``evaluate/mAP50``, ``evaluate/mAP50_voc07``, ``evaluate/AP50/<class>`` and the COCO ones, at
+the step of the weights' epoch, and the report folder the artifacts ``evaluate/<weights
+name>/``. The server is asked before any detection: one that cannot be reached is one line.
+
 Exit status: 0 on success, 2 on bad usage or input.
 """
 
@@ -121,7 +128,37 @@ def build_parser():
         default=3600.0,
         help="--watch: give up after this long without a new checkpoint",
     )
+    tracking = parser.add_argument_group("experiment tracking (MLflow)")
+    tracking.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="log the figures and the report to an MLflow run (needs pip install "
+        '"keras-yolo3[mlflow]")',
+    )
+    tracking.add_argument(
+        "--mlflow-run-id",
+        metavar="RUN_ID",
+        help="with --mlflow: the run (default: the one yolo3 train --mlflow recorded in the "
+        "weights' log folder)",
+    )
+    tracking.add_argument(
+        "--mlflow-tracking-uri",
+        metavar="URI",
+        help="with --mlflow: the tracking server (default: $MLFLOW_TRACKING_URI, else the URI "
+        "the run was recorded with, else MLflow's own)",
+    )
     return parser
+
+
+def _check(parser, args):
+    if not args.mlflow and (args.mlflow_run_id or args.mlflow_tracking_uri):
+        flag = "--mlflow-run-id" if args.mlflow_run_id else "--mlflow-tracking-uri"
+        parser.error(f"{flag} needs --mlflow")
+    if args.mlflow and args.watch:
+        parser.error(
+            "--mlflow logs one evaluation, not --watch's; for every epoch's mAP in MLflow, "
+            "train with yolo3 train --mlflow --map-every K"
+        )
 
 
 def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None, log=print):
@@ -224,9 +261,9 @@ def _figure(value):
     return "n/a" if value is None or value != value else f"{value:.3f}"  # NaN: no such boxes
 
 
-def exported(args, engine, log=print):
+def exported(args, engine, log=print, tracked=None):
     """Scores an exported ``engine`` artifact (``--weights``) on a record set or an
-    annotation file."""
+    annotation file; logs it to ``tracked`` (an MLflow run) when given."""
     if args.coco_json:
         raise ValueError(
             f"--coco-json scores a weights file; {args.weights} is an exported {engine} model "
@@ -245,6 +282,7 @@ def exported(args, engine, log=print):
         evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args, bar))
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
     _report(args, evaluation, output, log)
+    _track(tracked, output, args.weights, engine, evaluation=evaluation)
     return 0
 
 
@@ -255,18 +293,62 @@ def single(args):
         )
     engine = detector_engine(args.weights)
     use_device(args.device, engine)
+    # Before any detection: an MLflow server that cannot be reached is one line now.
+    tracked = _open_tracking(args)
     if engine != "keras":
-        return exported(args, engine)
+        return exported(args, engine, tracked=tracked)
     if args.coco_json:
-        return coco_json(args)
+        return coco_json(args, tracked=tracked)
     # A record set's manifest is read here once and handed on.
     source = records.open_record_set(args.records) if args.records else args.annotations
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
-    evaluate_once(args, args.weights, source, output)
+    evaluation = evaluate_once(args, args.weights, source, output)
+    _track(tracked, output, args.weights, engine, evaluation=evaluation)
     return 0
 
 
-def coco_json(args, log=print):
+def _open_tracking(args):
+    """With ``--mlflow``: the MLflow run to log to (yolo3.callbacks.mlflow_tracking), else None."""
+    if not args.mlflow:
+        return None
+    from yolo3.callbacks import mlflow_tracking  # noqa: PLC0415 - only with --mlflow
+
+    return mlflow_tracking.open_run(
+        args.mlflow_run_id, tracking_uri=args.mlflow_tracking_uri, near=args.weights
+    )
+
+
+def _figures(evaluation):
+    """An evaluation's headline figures and the AP@0.5 of each class (``AP50/<class>``)."""
+    from yolo3.callbacks.evaluation import class_tags  # noqa: PLC0415
+
+    figures = evaluation.summary()
+    for tag, ap in zip(class_tags(evaluation.class_names), evaluation.voc.ap):
+        figures[f"AP50/{tag}"] = ap
+    return figures
+
+
+def _track(tracked, output, weights, engine, *, evaluation=None, figures=None):
+    """Logs the figures of ``evaluation`` (or ``figures``, name: number) and the report folder
+    ``output`` to ``tracked`` (None: nothing), at the step of the epoch a weights file records
+    (0 for others)."""
+    if tracked is None:
+        return
+    if evaluation is not None:
+        figures = _figures(evaluation)
+    from yolo3.callbacks import mlflow_tracking  # noqa: PLC0415 - only with --mlflow
+
+    name = os.path.basename(os.path.normpath(weights))
+    step = 0
+    if engine == "keras":
+        step = int((read_metadata(weights) or {}).get("epoch", 0))
+        name = name.removesuffix(".weights.h5")
+    mlflow_tracking.log_evaluation(
+        tracked, figures, step=step, report_dir=output, name=os.path.splitext(name)[0]
+    )
+
+
+def coco_json(args, log=print, tracked=None):
     """``--coco-json``: detection on the original images, scored by pycocotools."""
     from yolo3.evaluation import metrics as evaluate  # noqa: PLC0415
 
@@ -310,6 +392,8 @@ def coco_json(args, log=print):
         log("COCO " + "  ".join(f"{name} {_figure(metrics[name])}" for name in names))
         for note in metrics["notes"]:
             log(f"note: {note}")
+        figures = {f"coco_{name}": metrics[name] for name in evaluate.COCO_METRICS}
+        _track(tracked, output, args.weights, "keras", figures=figures)
     log(f"{num_images} images, {len(results)} detections; results in {output}")
     return 0
 
@@ -370,7 +454,9 @@ def _checkpoint_epoch(path):
 
 
 def main(argv=None):
-    return run_main(build_parser(), argv, lambda args: watch(args) if args.watch else single(args))
+    return run_main(
+        build_parser(), argv, lambda args: watch(args) if args.watch else single(args), check=_check
+    )
 
 
 if __name__ == "__main__":

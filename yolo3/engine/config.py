@@ -39,6 +39,7 @@ GROUPS = {
     "communication": "communication between replicas and workers",
     "checkpoints": "checkpoints",
     "logging": "logging and checks",
+    "tracking": "experiment tracking (MLflow)",
 }
 
 
@@ -320,6 +321,31 @@ class TrainConfig:
         metavar="SECONDS",
         help="plain lines: one every SECONDS seconds (0: by steps only)",
     )
+    # tracking: yolo3.callbacks.mlflow_tracking, imported only when --mlflow asks for it
+    mlflow: bool = setting(
+        False,
+        group="tracking",
+        action="store_true",
+        help="log the run to MLflow from the chief: the resolved settings as parameters, each "
+        "epoch's losses, learning rate, images/s and mAP as metrics, and at the end the best "
+        "and last weights, config.json and the last --map-every evaluation's gallery and PR "
+        'curves. A resumed run continues its MLflow run. Needs pip install "keras-yolo3[mlflow]"',
+    )
+    mlflow_tracking_uri: str | None = setting(
+        None,
+        group="tracking",
+        metavar="URI",
+        help="with --mlflow: the tracking server, e.g. http://host:5000 (default: "
+        "$MLFLOW_TRACKING_URI, else the URI a resumed run recorded, else MLflow's own: "
+        "sqlite:///mlflow.db in the working folder)",
+    )
+    mlflow_experiment: str | None = setting(
+        None,
+        group="tracking",
+        metavar="NAME",
+        help="with --mlflow: the experiment a new run goes to, created if missing (default: "
+        "$MLFLOW_EXPERIMENT_NAME, else MLflow's Default)",
+    )
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -348,6 +374,14 @@ class TrainConfig:
             if not ok:
                 raise ValueError(message)
         check_interval(self.log_every, self.log_seconds)
+        for flag, value in (
+            ("--mlflow-tracking-uri", self.mlflow_tracking_uri),
+            ("--mlflow-experiment", self.mlflow_experiment),
+        ):
+            if value is not None and not self.mlflow:
+                raise ValueError(f"{flag} needs --mlflow")
+            if value is not None and not value.strip():
+                raise ValueError(f"{flag}: give a non-empty value")
         if self.freeze_body and not self.freeze_epochs:
             raise ValueError("--freeze-body needs --freeze-epochs E (epochs before unfreezing)")
         # The communication flags, alone and together, and with --sync-bn and an explicit

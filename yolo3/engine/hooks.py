@@ -1,8 +1,9 @@
 """The callbacks a training run is fitted with, built in the order they must run.
 
 The last builders of :func:`yolo3.engine.training.run` (see :mod:`yolo3.engine.builders`):
-:func:`build_backup` (this worker's backups, restored from before the callbacks are built)
-and :func:`build_hooks` (the stop flag, the preemption handler and every callback).
+:func:`build_tracking` (the chief's MLflow run, opened before any work), :func:`build_backup`
+(this worker's backups, restored from before the callbacks are built) and :func:`build_hooks`
+(the stop flag, the preemption handler and every callback).
 """
 
 import dataclasses
@@ -23,6 +24,25 @@ class Hooks:
     nonfinite: yolo_callbacks.StopOnNonFinite
     preemption: yolo_callbacks.Preemption
     backup: yolo_callbacks.WorkerBackup
+    tracking: object = None  # the chief's yolo3.callbacks.mlflow_tracking.MlflowTracking
+
+
+def build_tracking(config, setup, log):
+    """With ``--mlflow``, on the chief: its :class:`yolo3.callbacks.mlflow_tracking.MlflowTracking`,
+    whose MLflow run is open (a new one, or the one the log folder records); else None.
+
+    MLflow is imported here and nowhere else in a training run, only when asked for.
+
+    Raises:
+        ValueError: MLflow is not installed, or its server cannot be reached.
+    """
+    if not config.mlflow or not setup.info.is_chief:
+        return None
+    from yolo3.callbacks import mlflow_tracking  # noqa: PLC0415 - only runs that track import it
+
+    return mlflow_tracking.MlflowTracking.start(
+        config, setup.resolved, checkpoint_dir=setup.checkpoint_dir, log=log
+    )
 
 
 def build_backup(config, setup, trainer, log):
@@ -36,9 +56,9 @@ def build_backup(config, setup, trainer, log):
     )
 
 
-def build_hooks(config, setup, trainer, backup, *, progress, log):
+def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None):
     """The run's :class:`Hooks`; a stop request (a signal, a preemption notice) ends it at a
-    step that every worker agrees on."""
+    step that every worker agrees on. ``tracking``: :func:`build_tracking`'s."""
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
@@ -51,15 +71,18 @@ def build_hooks(config, setup, trainer, backup, *, progress, log):
         backup=backup,
         preemption=preemption,
         log=log,
+        tracking=tracking,
     )
-    return Hooks(callbacks, throughput, nonfinite, preemption, backup)
+    return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking)
 
 
-def build_callbacks(config, setup, *, progress, trainer, monitor, backup, preemption, log):
+def build_callbacks(
+    config, setup, *, progress, trainer, monitor, backup, preemption, log, tracking=None
+):
     """The callbacks of a run, in the order they must see each epoch's logs.
 
-    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard
-    and the checkpoints, which record them.
+    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard,
+    MLflow (``tracking``) and the checkpoints, which record them.
     """
     body, info, metadata = trainer.body, setup.info, setup.metadata
     # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
@@ -79,21 +102,20 @@ def build_callbacks(config, setup, *, progress, trainer, monitor, backup, preemp
         names = frozen_layer_names(body, setup.model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
     ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
-    map_source = setup.data.val_source
+    map_source, map_evaluation = setup.data.val_source, None
     if config.map_every and map_source and info.is_chief:
-        ordered.append(
-            yolo_callbacks.MapEvaluation(
-                body,
-                map_source[0],
-                split=map_source[1],
-                anchors=metadata["anchors"],
-                class_names=metadata["classes"],
-                every=config.map_every,
-                tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
-                log=log,
-                status=trainer.status,
-            )
+        map_evaluation = yolo_callbacks.MapEvaluation(
+            body,
+            map_source[0],
+            split=map_source[1],
+            anchors=metadata["anchors"],
+            class_names=metadata["classes"],
+            every=config.map_every,
+            tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
+            log=log,
+            status=trainer.status,
         )
+        ordered.append(map_evaluation)
     if progress == "lines" and info.is_chief:
         ordered.append(
             yolo_callbacks.ProgressLines(
@@ -106,6 +128,9 @@ def build_callbacks(config, setup, *, progress, trainer, monitor, backup, preemp
                 os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
             )
         )
+    if tracking is not None:
+        tracking.attach(trainer.status, map_evaluation)
+        ordered.append(tracking)
     ordered += [
         backup,
         yolo_callbacks.TemplateCheckpoint(

@@ -42,7 +42,7 @@ RESOLVED_LOGGED = (
 # Fields of the config that say how a run is watched or continued, not what it trains.
 NOT_COMPARED = frozenset(
     {"resume", "progress", "log_every", "log_seconds", "weights", "log_dir", "model",
-     "anchors", "mixed_precision"}
+     "anchors", "mixed_precision", "mlflow", "mlflow_tracking_uri", "mlflow_experiment"}
 )  # fmt: skip
 
 

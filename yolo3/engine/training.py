@@ -10,6 +10,7 @@ then :func:`fit`.
 Folder layout under ``--log-dir``::
 
     config.json                the resolved configuration (written by the chief)
+    mlflow_run.json            with --mlflow: the MLflow run a resumed run continues
     checkpoints/               template weights (last, best, every k) and the full state
     backup/worker-N/           each worker's two newest backups, deleted when training ends
     tensorboard/               loss terms, learning rate, images/s (chief only)
@@ -34,7 +35,7 @@ from yolo3.distributed import strategy as distribute
 from yolo3.engine import builders, faults, resume
 from yolo3.engine.builders import anchors_file, gpus_in_use
 from yolo3.engine.config import TrainConfig
-from yolo3.engine.hooks import build_backup, build_hooks
+from yolo3.engine.hooks import build_backup, build_hooks, build_tracking
 from yolo3.model.resources import read_anchors
 from yolo3.progress import resolve as resolve_progress
 
@@ -100,6 +101,17 @@ def _run(config, *, log):
     if config.resume:
         saved = resume.read_saved(config.log_dir)
         resume.check_resumed(saved, dataclasses.asdict(config), setup.resolved, log=log)
+    # The chief's MLflow run (--mlflow), opened before any work: MLflow missing or its server
+    # unreachable ends the run here, in one line. A failure after this ends the MLflow run too.
+    tracking = build_tracking(config, setup, log)
+    with tracking if tracking is not None else contextlib.nullcontext():
+        return _train(config, strategy, setup, tracking, started, log)
+
+
+def _train(config, strategy, setup, tracking, started, log):
+    """The steps of :func:`run` after the settings: the trainer, its state, the data, the
+    callbacks, ``fit`` and the end."""
+    info = setup.info
     trainer = builders.build_trainer(config, setup, strategy, log)
     initial_epoch = 0
     if config.resume:
@@ -114,7 +126,9 @@ def _run(config, *, log):
     position = backup.restore(trainer, strategy)
     if position is not None:
         initial_epoch = position.epoch
-    hooks = build_hooks(config, setup, trainer, backup, progress=progress, log=log)
+    hooks = build_hooks(
+        config, setup, trainer, backup, progress=progress, log=log, tracking=tracking
+    )
     if position is not None and position.epoch >= config.epochs and not position.batch:
         _checkpoints_from_backup(hooks, trainer, position.epoch, log)
     skip_steps = position.batch if position is not None else 0
@@ -232,6 +246,10 @@ def _finish(config, setup, trainer, hooks, history, initial_epoch, started, log)
     if info.is_chief and preemption.stopped_at is None:
         for line in _summary(config, setup.checkpoint_dir):
             log(line)
+    if hooks.tracking is not None:
+        # KILLED: stopped on request, and the same command continues the MLflow run.
+        status = "KILLED" if preemption.stopped_at is not None else "FINISHED"
+        hooks.tracking.finish("FAILED" if hooks.nonfinite.message else status)
     return TrainResult(
         history=history,
         epochs_done=epochs_done,
