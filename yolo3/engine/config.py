@@ -25,7 +25,7 @@ from yolo3.comm.powersgd import COMPRESSIONS
 from yolo3.comm.schemes import communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
 from yolo3.engine.trainer import OPTIMIZERS
-from yolo3.model.loss import IGNORE_THRESH
+from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
@@ -121,6 +121,16 @@ class TrainConfig:
         group="model",
         help="IoU above which a prediction is not penalised as background (Darknet's .7)",
     )
+    # The loss's terms, named as AlexeyAB Darknet's [yolo] keys (yolo3.model.loss).
+    iou_loss: str = setting(
+        "mse",
+        group="model",
+        choices=IOU_LOSSES,
+        help="box term: mse (YOLOv3's xy and wh terms) or 1 - IoU, GIoU, DIoU or CIoU",
+    )
+    iou_normalizer: float = setting(1.0, group="model", help="weight of the box term(s)")
+    obj_normalizer: float = setting(1.0, group="model", help="weight of the objectness term")
+    cls_normalizer: float = setting(1.0, group="model", help="weight of the class term")
     # schedule
     epochs: int = setting(50, group="schedule")
     batch_size: int = setting(8, group="schedule", help="images per replica per step")
@@ -387,6 +397,16 @@ class TrainConfig:
         # The communication flags, alone and together, and with --sync-bn and an explicit
         # --mixed-precision float16.
         self.communication(self.mixed_precision)
+        self.loss_options()
+
+    def loss_options(self):
+        """The loss's :class:`yolo3.model.loss.LossOptions` (which checks them)."""
+        return LossOptions(
+            iou_loss=self.iou_loss,
+            iou_normalizer=self.iou_normalizer,
+            obj_normalizer=self.obj_normalizer,
+            cls_normalizer=self.cls_normalizer,
+        )
 
     def communication(self, precision=None):
         """The run's :class:`yolo3.comm.schemes.Communication`, from the communication
