@@ -558,6 +558,13 @@ def test_validation_split_is_clean_and_counted(tmp_path):
     assert sorted(r["copy"] for r in train) == sorted(list(range(3)) * 15)
     assert not {r["source"] for r in val} & {r["source"] for r in train}
     assert manifest["splits"]["val"]["images"] == 6 and manifest["splits"]["train"]["images"] == 15
+    # The validation images are stored lossless (PNG in this JPEG set): each is exactly its
+    # image letterboxed, so the mAP measured on them is the mAP on the images themselves.
+    assert manifest["splits"]["val"]["image_format"] == "png"
+    assert {r["format"] for r in val} == {"png"} and {r["format"] for r in train} == {"jpeg"}
+    for record in val:
+        pixels, _, _ = letterbox(np.asarray(Image.open(record["source"])), [], (SIZE, SIZE))
+        np.testing.assert_array_equal(record["image"], pixels)
 
 
 # --- other filesystems ------------------------------------------------------------------------

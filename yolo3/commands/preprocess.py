@@ -98,6 +98,13 @@ def build_parser():
     out = parser.add_argument_group("output format")
     out.add_argument("--format", choices=("jpeg", "raw"), default="jpeg")
     out.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    out.add_argument(
+        "--val-format",
+        choices=preprocess.VAL_FORMATS,
+        default="lossless",
+        help="the validation split's images: lossless (PNG in a JPEG set: mAP is measured on "
+        "the images as they are) or the same as the training split's",
+    )
     out.add_argument("--shard-mb", type=float, default=100.0, help="target shard size in MB")
     out.add_argument("--num-shards", type=int, help="training shards (overrides --shard-mb)")
     aug = parser.add_argument_group("augmentation (defaults: the original keras-yolo3)")
@@ -150,8 +157,9 @@ def _summary(manifest, output):
         f"{manifest['image_format']}, {len(manifest['classes'])} classes"
     ]
     for split, info in manifest["splits"].items():
+        stored = f" ({info['image_format']})" if "image_format" in info else ""
         lines.append(
-            f"  {split}: {info['images']} images -> {info['records']} records, "
+            f"  {split}: {info['images']} images -> {info['records']} records{stored}, "
             f"{info['boxes']} boxes, {len(info['shards'])} shards"
         )
     counts = {k: v for k, v in manifest["counts"].items() if v}

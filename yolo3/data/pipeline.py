@@ -208,7 +208,7 @@ def make_dataset(
     """
     record_set = records.open_record_set(record_set)
     _check_record_set(record_set, num_classes)
-    image_format = record_set.image_format
+    image_format = record_set.split_format(split)
     input_hw = record_set.input_hw
     most_boxes = record_set.max_boxes_per_image
     if most_boxes is not None and most_boxes > max_boxes:

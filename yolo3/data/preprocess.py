@@ -47,8 +47,11 @@ PROGRESS_DIR = ".progress"
 # (workers of a multi-machine job) can each read whole files of their own.
 MIN_TRAIN_SHARDS = 16
 MIN_VAL_SHARDS = 2
-# Rough bytes per pixel of a JPEG at quality ~90, used only to size shards up front.
+# Rough bytes per pixel of a JPEG at quality ~90 and of a PNG of a photo, used only to size
+# shards up front.
 JPEG_BYTES_PER_PIXEL = 0.3
+PNG_BYTES_PER_PIXEL = 1.5
+VAL_FORMATS = ("lossless", "same")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,9 @@ class PreprocessConfig:
     val_per_class: int | None = None
     min_images_per_class: int = 0
     image_format: str = "jpeg"
+    # The validation split: "lossless" (PNG in a JPEG set) so that the mAP measured on it is
+    # the mAP on the user's own images; "same" stores it as the training split.
+    val_format: str = "lossless"
     quality: int = 90
     seed: int = 0
     shard_mb: float = 100.0
@@ -85,6 +91,8 @@ class PreprocessConfig:
             raise ValueError(f"--copies {self.copies} must be >= 0")
         if self.image_format not in ("jpeg", "raw"):
             raise ValueError(f"--format {self.image_format!r}: use jpeg or raw")
+        if self.val_format not in VAL_FORMATS:
+            raise ValueError(f"--val-format {self.val_format!r}: use {' or '.join(VAL_FORMATS)}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"--quality {self.quality} must be in [1, 100]")
         if self.val_fraction is not None and self.val_per_class is not None:
@@ -152,11 +160,22 @@ def _open_image(path):
         return np.asarray(to_rgb(upright), dtype=np.uint8), notes
 
 
+def split_format(config, split):
+    """How ``split``'s records store their images: the set's format, or PNG for a lossless
+    validation split of a JPEG set (raw is lossless already)."""
+    if split == "val" and config.val_format == "lossless" and config.image_format == "jpeg":
+        return "png"
+    return config.image_format
+
+
 def _encode(image, image_format, quality):
     if image_format == "raw":
         return image.tobytes()
     buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, "JPEG", quality=quality)
+    if image_format == "png":
+        Image.fromarray(image).save(buffer, "PNG")
+    else:
+        Image.fromarray(image).save(buffer, "JPEG", quality=quality)
     return buffer.getvalue()
 
 
@@ -234,9 +253,8 @@ def plan_shards(num_items, num_records_per_item, config, split):
     if num_items == 0:
         return 0
     height, width = config.input_size
-    bytes_per_record = height * width * 3
-    if config.image_format == "jpeg":
-        bytes_per_record = height * width * JPEG_BYTES_PER_PIXEL
+    per_pixel = {"raw": 3, "jpeg": JPEG_BYTES_PER_PIXEL, "png": PNG_BYTES_PER_PIXEL}
+    bytes_per_record = height * width * per_pixel[split_format(config, split)]
     if split == "train" and config.num_shards is not None:
         wanted = config.num_shards
     else:
@@ -349,7 +367,7 @@ def _tasks(plan, config):
                 copies=copies,
                 input_size=tuple(config.input_size),
                 seed=config.seed,
-                image_format=config.image_format,
+                image_format=split_format(config, split),
                 quality=config.quality,
                 augment=config.augment,
             )
@@ -594,8 +612,10 @@ def _write_manifest(config, dataset, plan, records):
             (shard["max_boxes"] for shards in splits.values() for shard in shards), default=0
         ),
     )
-    for info in manifest["splits"].values():
+    for split, info in manifest["splits"].items():
         info["images"] = sum(shard["images"] for shard in info["shards"])
         info["boxes"] = sum(shard["boxes"] for shard in info["shards"])
+        if split_format(config, split) != config.image_format:
+            info["image_format"] = split_format(config, split)
     fileio.write_json(fileio.join(config.output, records.MANIFEST), manifest)
     return manifest

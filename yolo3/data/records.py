@@ -11,8 +11,8 @@ Every record is one training image, already letterboxed (clean copy) or augmente
 (augmented copies) to the training size. Features:
 
 ==================  ==========  ==========================================================
-``image``           bytes       JPEG, or raw ``(height, width, 3)`` uint8 RGB (``format``)
-``format``          bytes       ``b"jpeg"`` or ``b"raw"``
+``image``           bytes       JPEG, PNG, or raw ``(height, width, 3)`` uint8 RGB (``format``)
+``format``          bytes       ``b"jpeg"``, ``b"png"`` or ``b"raw"``
 ``height/width``    int64       the stored image's size in pixels (the training size)
 ``boxes``           float list  ``4 * M`` values: x_min, y_min, x_max, y_max in stored-image
                                 pixels, each inside the image, width and height >= 1
@@ -41,6 +41,9 @@ REJECTS = "rejects.txt"
 FORMAT_NAME = "yolo3-records"
 FORMAT_VERSION = 1
 IMAGE_FORMATS = ("jpeg", "raw")
+# What a split's images may be stored as: the set's format, or PNG (lossless) for a
+# validation split of a JPEG set (the manifest's ``splits.<split>.image_format``).
+SPLIT_IMAGE_FORMATS = ("jpeg", "raw", "png")
 SPLITS = ("train", "val")
 
 _FEATURES = {
@@ -110,7 +113,8 @@ def parse_example(serialized, image_format):
 
     Args:
         serialized: scalar string tensor.
-        image_format: ``"jpeg"`` or ``"raw"``, from the manifest (one format per set).
+        image_format: ``"jpeg"``, ``"png"`` or ``"raw"``, the split's
+            (:meth:`RecordSet.split_format`).
 
     Returns:
         A dict: ``image`` ``(H, W, 3)`` uint8, ``boxes`` ``(M, 4)`` float32 in image pixels,
@@ -121,10 +125,14 @@ def parse_example(serialized, image_format):
     height, width = features["height"], features["width"]
     if image_format == "jpeg":
         image = tf.io.decode_jpeg(features["image"], channels=3)
+    elif image_format == "png":
+        image = tf.io.decode_png(features["image"], channels=3)
     elif image_format == "raw":
         image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8), [height, width, 3])
     else:
-        raise ValueError(f"unknown image format {image_format!r}; expected one of {IMAGE_FORMATS}")
+        raise ValueError(
+            f"unknown image format {image_format!r}; expected one of {SPLIT_IMAGE_FORMATS}"
+        )
     classes = tf.cast(tf.sparse.to_dense(features["classes"]), tf.int32)
     difficult = tf.sparse.to_dense(features["difficult"])
     # Absent (no difficult box): padded to one 0 per box.
@@ -149,6 +157,8 @@ def parse_example_numpy(serialized):
     data = feature["image"].bytes_list.value[0]
     if image_format == "jpeg":
         image = tf.io.decode_jpeg(data, channels=3).numpy()
+    elif image_format == "png":
+        image = tf.io.decode_png(data, channels=3).numpy()
     else:
         image = np.frombuffer(data, np.uint8).reshape(height, width, 3)
     return {
@@ -283,6 +293,11 @@ class RecordSet:
     @property
     def image_format(self):
         return self.manifest["image_format"]
+
+    def split_format(self, split):
+        """How ``split``'s images are stored: its own format (a lossless validation split
+        of a JPEG set: ``"png"``), else the set's."""
+        return self.manifest["splits"][split].get("image_format", self.image_format)
 
     @property
     def max_boxes_per_image(self):
