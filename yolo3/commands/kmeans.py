@@ -34,15 +34,11 @@ def build_parser():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--annotations", nargs="+", help="annotation files")
-    source.add_argument(
-        "--data",
-        help="a dataset instead: data.yaml (Ultralytics), .data (Darknet), a COCO JSON or a "
-        "VOCdevkit folder; its training split is fitted",
-    )
-    parser.add_argument(
-        "--data-format",
-        choices=formats.FORMATS,
-        help="the format of --data (default: told by what it is)",
+    formats.add_arguments(
+        parser,
+        group=source,
+        data_help="a dataset instead: data.yaml (Ultralytics), .data (Darknet), a COCO JSON "
+        "or a VOCdevkit folder; its training split is fitted",
     )
     parser.add_argument("-k", type=int, default=9, help="anchors: 9 for yolov3, 6 for tiny")
     parser.add_argument(

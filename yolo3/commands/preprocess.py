@@ -48,15 +48,10 @@ def build_parser():
         description="Pack annotated images into letterboxed and augmented TFRecord shards."
     )
     parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
-    parser.add_argument(
-        "--data",
-        help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
+    formats.add_arguments(
+        parser,
+        data_help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
         "(Darknet), a COCO JSON or a VOCdevkit folder",
-    )
-    parser.add_argument(
-        "--data-format",
-        choices=formats.FORMATS,
-        help="the format of --data (default: told by what it is)",
     )
     parser.add_argument(
         "--classes",

@@ -93,6 +93,18 @@ class Reject:
     scope: str
 
 
+def all_boxes_rejected(source, line, image):
+    """The :class:`Reject` of an image whose every box was rejected: it is skipped as a
+    whole, since kept as a background image it would teach the model that its objects are
+    background. ``line`` 0 names ``source`` alone."""
+    where = f"{source}:{line}" if line else source
+    message = (
+        f"{where}: every box of {image} was rejected; the image is skipped rather than used "
+        "as a background image"
+    )
+    return Reject(source, line, "all_boxes_rejected", message, "line")
+
+
 class _BadBox(ValueError):
     def __init__(self, reason, detail):
         super().__init__(detail)
@@ -256,16 +268,7 @@ def parse_annotations(path, *, num_classes, image_root=None):
         rejects.extend(line_rejects)
         counts["rejected_boxes"] += len(line_rejects)
         if line_rejects and not boxes:
-            rejects.append(
-                Reject(
-                    path,
-                    number,
-                    "all_boxes_rejected",
-                    f"{where}: every box of {image_path} was rejected; the image is skipped "
-                    "rather than used as a background image",
-                    "line",
-                )
-            )
+            rejects.append(all_boxes_rejected(path, number, image_path))
             counts["rejected_lines"] += 1
             continue
         entries.append(

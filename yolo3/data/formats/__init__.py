@@ -45,6 +45,17 @@ class SourceDataset:
     counts: collections.Counter
 
 
+def add_arguments(parser, *, data_help, group=None):
+    """``--data`` (with ``data_help``; in ``group`` when given, e.g. a mutually exclusive
+    one with ``--annotations``) and ``--data-format`` on an argparse ``parser``."""
+    (group or parser).add_argument("--data", help=data_help)
+    parser.add_argument(
+        "--data-format",
+        choices=FORMATS,
+        help="the format of --data (default: told by what it is)",
+    )
+
+
 def detect_format(path):
     """The format of ``path`` from what it is (see the table above); ValueError if none."""
     path = os.fspath(path)
@@ -130,4 +141,4 @@ def _read_yolo_layout(path, data_format):
     return names, splits, rejects, counts
 
 
-__all__ = ["FORMATS", "SourceDataset", "detect_format", "read_dataset"]
+__all__ = ["FORMATS", "SourceDataset", "add_arguments", "detect_format", "read_dataset"]

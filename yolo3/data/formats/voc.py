@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 
 from yolo3 import fileio
-from yolo3.data.annotations import Entry, Reject
+from yolo3.data.annotations import Entry, Reject, all_boxes_rejected
 from yolo3.model.resources import model_data_file, read_classes
 
 
@@ -193,12 +193,8 @@ def _entry(folder, image_id, objects, class_ids, set_path, number, counts):
             difficult.append(is_difficult)
     counts["rejected_boxes"] += len(rejects)
     if rejects and not boxes:
-        message = (
-            f"{where}: every object of {xml_path} was rejected; the image is skipped rather "
-            "than used as a background image"
-        )
         counts["rejected_lines"] += 1
-        return None, [*rejects, Reject(set_path, number, "all_boxes_rejected", message, "line")]
+        return None, [*rejects, all_boxes_rejected(set_path, number, xml_path)]
     counts["images"] += 1
     counts["boxes"] += len(boxes)
     counts["background_images"] += not boxes

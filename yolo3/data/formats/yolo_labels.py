@@ -34,7 +34,7 @@ import os
 import numpy as np
 
 from yolo3 import fileio
-from yolo3.data.annotations import Entry, Reject
+from yolo3.data.annotations import Entry, Reject, all_boxes_rejected
 from yolo3.data.kmeans import image_hw
 
 # The image files a folder of a YOLO dataset is read for (Pillow reads all of them).
@@ -167,12 +167,8 @@ def read_image(image_path, labels, num_classes, *, source, line, counts):
     objects, rejects = read_labels(labels, num_classes)
     counts["rejected_boxes"] += len(rejects)
     if rejects and not objects:
-        message = (
-            f"{labels}: every box of {image_path} was rejected; the image is skipped rather "
-            "than used as a background image"
-        )
         counts["rejected_lines"] += 1
-        return None, [*rejects, Reject(labels, 0, "all_boxes_rejected", message, "line")]
+        return None, [*rejects, all_boxes_rejected(labels, 0, image_path)]
     if not objects:
         return _entry(image_path, [], [], labels, 0, counts), rejects
     try:
