@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, numpy_loss, numpy_targets, random_boxes
 
-from yolo3.model.loss import iou_variant, loss_terms, yolo_loss
+from yolo3.model.loss import LossOptions, iou_variant, loss_terms, yolo_loss
 from yolo3.model.targets import build_targets
 
 NUM_CLASSES = 2
@@ -243,3 +243,24 @@ def test_normalizers_weigh_their_terms_and_iou_gradients_stay_finite():
         assert np.any(gradient.numpy() != 0)
     with pytest.raises(ValueError, match="iou_loss 'ciuo': use one of mse, iou, giou"):
         loss_terms("ciuo")
+
+
+def test_label_smoothing_moves_the_class_targets_off_0_and_1():
+    # The box of test_hand_derived_values, all raw outputs 0: bce(t, 0) = ln 2 for any t, so
+    # the class term stays 2 ln 2; with raw class logits +-2 it is bce(0.95, 2) + bce(0.05,
+    # -2) for eps 0.1: targets 1 - 0.05 and 0.05 (class 1 true, class 0 not).
+    boxes = np.array([[[0, 0, 36, 36, 1]]], np.float32)
+    outputs = _zeros(1)
+    cell = outputs[0][0, 0, 0].reshape(3, 5 + NUM_CLASSES)
+    cell[1, 5:] = [-2.0, 2.0]
+    outputs[0][0, 0, 0] = cell.reshape(-1)
+
+    def bce(label, logit):
+        return np.log1p(np.exp(-abs(logit))) + max(logit, 0) - logit * label
+
+    _, smooth = _weighted_loss(boxes, outputs, label_smoothing=0.1)
+    _, plain = _weighted_loss(boxes, outputs)
+    np.testing.assert_allclose(smooth["class"][0], bce(0.05, -2.0) + bce(0.95, 2.0), rtol=1e-6)
+    np.testing.assert_allclose(plain["class"][0], bce(0.0, -2.0) + bce(1.0, 2.0), rtol=1e-6)
+    with pytest.raises(ValueError, match="--label-smoothing 1.0: use a value in"):
+        LossOptions(label_smoothing=1.0)

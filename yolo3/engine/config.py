@@ -131,6 +131,9 @@ class TrainConfig:
     iou_normalizer: float = setting(1.0, group="model", help="weight of the box term(s)")
     obj_normalizer: float = setting(1.0, group="model", help="weight of the objectness term")
     cls_normalizer: float = setting(1.0, group="model", help="weight of the class term")
+    label_smoothing: float = setting(
+        0.0, group="model", help="class targets 1 - eps/2 and eps/2 (Darknet's label_smooth_eps)"
+    )
     # schedule
     epochs: int = setting(50, group="schedule")
     batch_size: int = setting(8, group="schedule", help="images per replica per step")
@@ -406,6 +409,7 @@ class TrainConfig:
             iou_normalizer=self.iou_normalizer,
             obj_normalizer=self.obj_normalizer,
             cls_normalizer=self.cls_normalizer,
+            label_smoothing=self.label_smoothing,
         )
 
     def communication(self, precision=None):

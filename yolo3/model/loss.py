@@ -84,9 +84,12 @@ class LossOptions:
     iou_normalizer: float = 1.0
     obj_normalizer: float = 1.0
     cls_normalizer: float = 1.0
+    label_smoothing: float = 0.0
 
     def __post_init__(self):
         loss_terms(self.iou_loss)  # raises for an unknown kind
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing {self.label_smoothing}: use a value in [0, 1)")
         for name in ("iou_normalizer", "obj_normalizer", "cls_normalizer"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -185,6 +188,7 @@ def yolo_loss(
     iou_normalizer=1.0,
     obj_normalizer=1.0,
     cls_normalizer=1.0,
+    label_smoothing=0.0,
 ):
     """Per-image YOLOv3 loss.
 
@@ -212,6 +216,8 @@ def yolo_loss(
             box term ``1 - IoU``, ``1 - GIoU``, ``1 - DIoU``, ``1 - CIoU``.
         iou_normalizer, obj_normalizer, cls_normalizer: weights of the box (or xy and wh),
             objectness and class terms (AlexeyAB Darknet's ``[yolo]`` keys).
+        label_smoothing: class targets ``y (1 - eps) + eps / 2`` (AlexeyAB Darknet's
+            ``label_smooth_eps``): 1 becomes ``1 - eps / 2``, 0 becomes ``eps / 2``.
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
@@ -265,13 +271,14 @@ def yolo_loss(
             "float32",
         )
 
+        class_target = target[..., 5:] * (1.0 - label_smoothing) + 0.5 * label_smoothing
         objectness_bce = _sigmoid_bce(object_mask, raw[..., 4:5])
         objectness = (
             object_mask * objectness_bce + (1.0 - object_mask) * objectness_bce * ignore_mask
         )
         level_terms = {
             "objectness": obj_normalizer * objectness,
-            "class": cls_normalizer * object_mask * _sigmoid_bce(target[..., 5:], raw[..., 5:]),
+            "class": cls_normalizer * object_mask * _sigmoid_bce(class_target, raw[..., 5:]),
         }
         if iou_loss == "mse":
             box_weight = iou_normalizer * object_mask * box_scale
