@@ -676,3 +676,47 @@ def test_the_prediction_beyond_this_machine_by_hand():
         assert best >= max(row["efficiency"].values()) - 0.005
         assert 0 < min(row["efficiency"].values()) and best <= 1
     assert table["bytes_per_step"]["yolov3"]["plain, float32"] > 2.4e8  # 62 M parameters
+
+
+@pytest.mark.slow
+def test_recipe_trains_each_setting_and_seed_and_scores_them(tmp_path, capsys):
+    """The recipe benchmark on the smallest task: its data made in --work, one run a setting
+    and seed on one core, scored by yolo3 evaluate on the original images. One setting, its
+    flags passed on (the summary's arithmetic is the next test's)."""
+    tool = load_tool("benchmark")
+    argv = ["recipe", "--settings", "smooth=--label-smoothing 0.1", "--seeds", "3"]
+    argv += ["--epochs", "1", "--train-images", "8", "--val-images", "4", "--input-size", "64"]
+    argv += ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "recipe.json")]
+    assert tool.main(argv) == 0
+    result = json.loads((tmp_path / "recipe.json").read_text())
+    assert [(run["setting"], run["seed"]) for run in result["runs"]] == [("smooth", 3)]
+    for run in result["runs"]:
+        assert 0.0 <= run["mAP50"] <= 1.0 and run["train_seconds"] > 0
+        folder = tmp_path / "work" / "runs" / f"{run['setting']}-seed3"
+        config = json.loads((folder / "config.json").read_text())
+        assert config["seed"] == 3 and config["epochs"] == 1
+        assert config["label_smoothing"] == 0.1
+        assert json.loads((folder / "eval" / "metrics.json").read_text())["num_images"] == 4
+    out = capsys.readouterr().out
+    assert "| smooth | 1 |" in out
+
+
+def test_recipe_summary_is_the_mean_and_half_range_of_the_seeds():
+    from benchmarks import recipe
+
+    runs = [
+        {"setting": "a", "seed": 0, "AP": 0.4, "AP50": 0.9, "AP75": 0.3, "mAP50": 0.8,
+         "train_seconds": 100.0},
+        {"setting": "a", "seed": 1, "AP": 0.5, "AP50": 0.8, "AP75": None, "mAP50": 0.9,
+         "train_seconds": 120.0},
+    ]  # fmt: skip
+    row = recipe.summarize("a", runs)
+    assert row["AP"] == pytest.approx(0.45) and row["AP_half_range"] == pytest.approx(0.05)
+    assert row["AP75"] == pytest.approx(0.3) and row["AP75_half_range"] == 0  # one value
+    table = recipe.format_recipe({"settings": [row]})
+    assert (
+        "| a | 2 | 0.450 ± 0.050 | 0.850 ± 0.050 | 0.300 ± 0.000 | 0.850 ± 0.050 | 110 |" in table
+    )
+    assert recipe.parse_setting("ciou=--iou-loss ciou") == ("ciou", ("--iou-loss", "ciou"))
+    with pytest.raises(ValueError, match="not NAME=FLAGS"):
+        recipe.parse_setting("--iou-loss ciou")

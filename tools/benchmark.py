@@ -7,6 +7,7 @@
         [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4 1:bfloat16:local16]
     python tools/benchmark.py detect [--model-types tiny yolov3] [--weights W --records R]
     python tools/benchmark.py predict --collectives 3:1 [--json prediction.json]
+    python tools/benchmark.py recipe --settings 'mse=' 'ciou=--iou-loss ciou' --cores 0 1
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -42,6 +43,11 @@ model applied to W = 16, 64 and 256 GPU machines, each with its own link, for ti
 YOLOv3 at 416 px, four link rates and two round-trip times, every communication setting
 and the best of each cell, from an assumed GPU step time (named in the output) and the
 collectives per step the scaling benchmark counted (``--collectives``). Seconds.
+
+``recipe`` (:mod:`benchmarks.recipe`): COCO AP, AP50, AP75 and VOC mAP@0.5 of the demo's
+recipe with each setting's ``yolo3 train`` flags, each seed a run of its own pinned to one
+of ``--cores``, scored on the original validation images; the mean and half-range over the
+seeds. About 5 minutes a run on one idle core at the demo's defaults.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -462,6 +468,50 @@ def _add_predict(subparsers):
     parser.set_defaults(handler=_run_predict)
 
 
+def _run_recipe(args):
+    from benchmarks.recipe import RecipeConfig, format_recipe, run_recipe  # noqa: PLC0415
+
+    config = dataclass_from_args(RecipeConfig, args)
+    return _measure(run_recipe, format_recipe, config, args)
+
+
+def _add_recipe(subparsers):
+    from benchmarks.recipe import parse_setting  # noqa: PLC0415
+    from yolo3.cli import argument_type  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        "recipe",
+        help="COCO AP of training settings on the demo's task, seeds side by side",
+        description="Trains the demo's recipe plus each setting's flags, once per seed, "
+        "one process per core, and scores each run's last weights on the original "
+        "validation images (COCO AP, AP50, AP75, VOC mAP@0.5).",
+    )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        type=argument_type(parse_setting),
+        default=[("recipe", ())],
+        metavar="NAME=FLAGS",
+        help="settings to compare, each a name and the yolo3 train flags it adds (quote "
+        "it: 'ciou=--iou-loss ciou'); default: the demo's recipe alone",
+    )
+    parser.add_argument("--work", default="recipe_runs", help="folder for data and runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--train-images", type=int, default=4000)
+    parser.add_argument("--val-images", type=int, default=300)
+    parser.add_argument("--input-size", type=int, default=96)
+    parser.add_argument(
+        "--cores",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="cores to run on, one run each at a time (e.g. 0 1)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+    parser.set_defaults(handler=_run_recipe)
+
+
 def build_parser():
     parser = ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
@@ -470,6 +520,7 @@ def build_parser():
     _add_scaling(subparsers)
     _add_detect(subparsers)
     _add_predict(subparsers)
+    _add_recipe(subparsers)
     return parser
 
 

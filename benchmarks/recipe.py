@@ -1,0 +1,182 @@
+"""The training recipe, setting against setting: COCO AP of ``yolo3 train`` on the demo's task.
+
+Each setting (a name and the ``yolo3 train`` flags it adds to the demo's recipe) trains once
+per seed from scratch on the same record set, in a process of its own pinned to one core
+(``os.sched_setaffinity`` before TensorFlow starts, so its thread pools have one core);
+runs go to the given cores as they free up. Each run's ``last.weights.h5`` is scored by
+``yolo3 evaluate --annotations`` on the original validation images (pycocotools' COCO AP,
+AP50, AP75, and VOC mAP@0.5), the figures a user meets. Per setting: the mean over its seeds
+and half their range, beside each seed's figures and training wall time.
+
+The data (the demo's: ``yolo3 make-demo-dataset``, anchors by ``yolo3 kmeans``, a record set
+by ``yolo3 preprocess``) is made in ``--work`` when absent, with the same commands the demo
+runs. Training wall times compare only between runs made side by side on an idle machine;
+the AP figures do not depend on the load.
+"""
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The demo's recipe (yolo3/commands/demo.py): what every setting adds its flags to.
+BASE_FLAGS = (
+    "--batch-size", "16", "--lr", "0.008", "--lr-reference-batch", "16",
+    "--warmup-epochs", "1", "--ignore-thresh", "0.5", "--gpus", "0", "--quiet",
+)  # fmt: skip
+METRICS = ("AP", "AP50", "AP75", "mAP50")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeConfig:
+    """``settings``: ``(name, flags)`` pairs; the rest as ``tools/benchmark.py recipe``."""
+
+    settings: tuple
+    work: str
+    seeds: tuple = (0, 1)
+    epochs: int = 6
+    train_images: int = 4000
+    val_images: int = 300
+    input_size: int = 96
+    cores: tuple = (0,)
+    timeout: float = 3600.0
+
+    def __post_init__(self):
+        names = [name for name, _ in self.settings]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--settings names must differ: {names}")
+        if not self.seeds or self.epochs < 1 or not self.cores:
+            raise ValueError("give at least one seed, one epoch and one core")
+
+
+def parse_setting(text):
+    """``NAME=FLAGS`` -> ``(NAME, (flag, ...))``; ``mse=`` is the recipe as it is."""
+    name, equals, flags = text.partition("=")
+    if not equals or not name:
+        raise ValueError(f"setting {text!r} is not NAME=FLAGS (e.g. ciou=--iou-loss ciou)")
+    return name, tuple(flags.split())
+
+
+def _yolo3(*args, core=None, log=None):
+    """Runs ``python -m yolo3 ARGS`` (this checkout's library), pinned to ``core``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def pin():
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+
+    with open(log or os.devnull, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "yolo3", *map(str, args)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
+        )  # fmt: skip
+
+
+def _check(process, what, timeout):
+    if process.wait(timeout=timeout) != 0:
+        raise RuntimeError(f"{what} failed (exit status {process.returncode})")
+
+
+def prepare(config):
+    """The demo's data, anchors and record set in ``config.work``, made once."""
+    work = Path(config.work)
+    data, records = work / "data", work / "records"
+    size = str(config.input_size)
+    steps = [
+        ("data", data / "val.txt", ("make-demo-dataset", "--output", data, "--train",
+         config.train_images, "--val", config.val_images, "--size", size, "--seed", 0)),
+        ("anchors", work / "anchors.txt", ("kmeans", "--annotations", data / "train.txt",
+         "-k", 6, "--input-size", size, "--output", work / "anchors.txt")),
+        ("records", records / "manifest.json", ("preprocess", "--annotations",
+         data / "train.txt", "--val-annotations", data / "val.txt", "--classes",
+         data / "classes.txt", "--output", records, "--input-size", size, "--copies", 0,
+         "--overwrite", "--progress", "off")),
+    ]  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    for what, done, args in steps:
+        if not done.exists():
+            _check(_yolo3(*args, log=work / f"{what}.log"), f"making the {what}", None)
+    return data, records, work / "anchors.txt"
+
+
+def _score(run_dir):
+    metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
+    coco = metrics.get("coco") or {}
+    return {
+        "AP": coco.get("AP"),
+        "AP50": coco.get("AP50"),
+        "AP75": coco.get("AP75"),
+        "mAP50": metrics["voc"]["mAP"],
+    }
+
+
+def run_recipe(config, command=None, log=print):
+    """Trains and scores every setting and seed; the result dict (see the module docstring)."""
+    data, records, anchors = prepare(config)
+    jobs = [(name, flags, seed) for name, flags in config.settings for seed in config.seeds]
+    pending, running, runs = list(jobs), {}, []
+    free = list(config.cores)
+    while pending or running:
+        while pending and free:
+            name, flags, seed = pending.pop(0)
+            core = free.pop(0)
+            run_dir = Path(config.work) / "runs" / f"{name}-seed{seed}"
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
+                     "--epochs", config.epochs, "--seed", seed, *BASE_FLAGS, *flags)  # fmt: skip
+            log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
+            process = _yolo3(*train, core=core, log=f"{run_dir}.log")
+            running[process] = (name, seed, core, run_dir, time.perf_counter())
+        time.sleep(1.0)
+        for process in [p for p in running if p.poll() is not None]:
+            name, seed, core, run_dir, started = running.pop(process)
+            seconds = time.perf_counter() - started
+            _check(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
+            evaluate = ("evaluate", "--weights", run_dir / "checkpoints" / "last.weights.h5",
+                        "--annotations", data / "val.txt", "--output", run_dir / "eval",
+                        "--gallery", 0, "--progress", "off")  # fmt: skip
+            _check(_yolo3(*evaluate, core=core, log=f"{run_dir}.eval.log"), "scoring", None)
+            runs.append({"setting": name, "seed": seed, "train_seconds": seconds,
+                         **_score(run_dir)})  # fmt: skip
+            log(f"{name}, seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in METRICS))
+            free.append(core)
+    return {
+        "command": command,
+        "config": dataclasses.asdict(config),
+        "runs": runs,
+        "settings": [summarize(name, runs) for name, _ in config.settings],
+    }
+
+
+def summarize(name, runs):
+    """A setting's mean of each metric over its seeds and half their range."""
+    own = [run for run in runs if run["setting"] == name]
+    row = {"setting": name, "seeds": len(own)}
+    for key in (*METRICS, "train_seconds"):
+        values = [run[key] for run in own if run[key] is not None]
+        row[key] = statistics.fmean(values) if values else None
+        row[f"{key}_half_range"] = (max(values) - min(values)) / 2 if values else None
+    return row
+
+
+def format_recipe(result):
+    """The result as a Markdown table, one row a setting."""
+    lines = [
+        "| setting | seeds | AP | AP50 | AP75 | mAP@0.5 (VOC) | training s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["settings"]:
+        cells = [
+            f"{row[key]:.3f} ± {row[key + '_half_range']:.3f}" if row[key] is not None else "-"
+            for key in METRICS
+        ]
+        lines.append(
+            f"| {row['setting']} | {row['seeds']} | {' | '.join(cells)} | "
+            f"{row['train_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
