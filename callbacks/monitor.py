@@ -86,7 +86,9 @@ class StopOnNonFinite(keras.callbacks.Callback):
     are running means over the epoch, so the step is the first one that was non-finite).
     """
 
-    def __init__(self, terms=("loss", "xy_loss", "wh_loss", "objectness_loss", "class_loss")):
+    def __init__(
+        self, terms=("loss", "xy_loss", "wh_loss", "box_loss", "objectness_loss", "class_loss")
+    ):
         super().__init__()
         self.terms = terms
         self.message = None

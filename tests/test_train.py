@@ -218,6 +218,11 @@ def test_non_finite_loss_stops_training_naming_step_and_term():
     assert callback.model.stop_training
     assert "epoch 3, step 7" in callback.message
     assert "wh_loss=inf" in callback.message and "loss=nan" in callback.message
+    # The box term of --iou-loss likewise.
+    callback = StopOnNonFinite()
+    callback.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+    callback.on_train_batch_end(0, {"loss": float("nan"), "box_loss": float("nan")})
+    assert "box_loss=nan" in callback.message
 
 
 def test_bad_flags_give_actionable_errors(record_set, tmp_path, capsys):
