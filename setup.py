@@ -7,6 +7,7 @@ from setuptools import find_packages, setup
 # The version has one home, yolo3.__version__; read here without importing the package.
 VERSION = re.search(r'^__version__ = "(.+)"$', open("yolo3/__init__.py").read(), re.M).group(1)
 
+MLFLOW_CLIENT = "mlflow-skinny>=3.17.2,<3.18"
 EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
 # The documentation site (mkdocs.yml, docs/): MkDocs because its sources are Markdown like the
 # README, mkdocstrings renders the API pages from the docstrings, and one `mkdocs build
@@ -60,12 +61,13 @@ setup(
         # implementation the conversion tests compare against. 5.x dropped the Darknet reader.
         "video": ["opencv-python-headless>=4.10,<5"],
         "docs": DOCS,
-        # yolo3 train --mlflow and yolo3 evaluate --mlflow (callbacks/mlflow_tracking.py). The
-        # whole package, not mlflow-skinny (the client alone): tests/test_mlflow.py runs a real
-        # `mlflow server`. 3.17 resolves beside TensorFlow 2.21 (its protobuf and NumPy kept)
-        # and is the newest whose client package is published with it (3.18.0 asks for an
-        # mlflow-skinny 3.18.0 that the registry does not have).
-        "mlflow": ["mlflow>=3.17.2,<3.18"],
+        # yolo3 train --mlflow and yolo3 evaluate --mlflow (callbacks/mlflow_tracking.py): the
+        # client alone. The whole package (the server) pulls in scikit-learn, pandas and SciPy,
+        # which `import tensorflow` then imports too, 0.6 s in every process; a tracking
+        # server runs elsewhere (the tests start one from .venv-mlflow, which .ci/run makes).
+        # 3.17 installs beside TensorFlow 2.21 with its protobuf and NumPy kept (3.18.0's
+        # client package is not on the index).
+        "mlflow": [MLFLOW_CLIENT],
         # nbclient runs examples/*.ipynb in tests/test_notebook.py on an ipykernel kernel.
         "test": [
             "pytest>=8",
@@ -81,7 +83,7 @@ setup(
             # that the project's own readers (yolo3.data.formats) are checked against.
             "globox>=2.9,<3",
             *EXPORT,
-            "mlflow>=3.17.2,<3.18",  # the mlflow extra, for tests/test_mlflow.py
+            MLFLOW_CLIENT,  # tests/test_mlflow.py reads runs back with MLflow's client
             # tests/test_docs.py builds the site.
             *DOCS,
         ],

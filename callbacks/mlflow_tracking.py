@@ -135,6 +135,14 @@ def _opening(mlflow, uri):
     try:
         with _client_settings():
             yield
+    except ImportError as error:
+        # MLflow's client alone (the mlflow extra) talks to a server; a local store (its
+        # default, sqlite:///mlflow.db) needs the whole package's database libraries.
+        raise ValueError(
+            f"--mlflow: MLflow at {uri} needs {error.name or 'a module'}, which the client "
+            "alone does not bring: give a tracking server with --mlflow-tracking-uri (or "
+            "MLFLOW_TRACKING_URI), or pip install mlflow"
+        ) from None
     except (mlflow.exceptions.MlflowException, OSError) as error:
         if uri.startswith(("http://", "https://")) and _unreachable(error):
             raise ValueError(
