@@ -678,29 +678,6 @@ def test_the_prediction_beyond_this_machine_by_hand():
     assert table["bytes_per_step"]["yolov3"]["plain, float32"] > 2.4e8  # 62 M parameters
 
 
-@pytest.mark.slow
-def test_recipe_trains_each_setting_and_seed_and_scores_them(tmp_path, capsys):
-    """The recipe benchmark on the smallest task: its data made in --work, one run a setting
-    and seed on one core, scored by yolo3 evaluate on the original images. One setting, its
-    flags passed on (the summary's arithmetic is the next test's)."""
-    tool = load_tool("benchmark")
-    argv = ["recipe", "--settings", "smooth=--label-smoothing 0.1", "--seeds", "3"]
-    argv += ["--epochs", "1", "--train-images", "8", "--val-images", "4", "--input-size", "64"]
-    argv += ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "recipe.json")]
-    assert tool.main(argv) == 0
-    result = json.loads((tmp_path / "recipe.json").read_text())
-    assert [(run["setting"], run["seed"]) for run in result["runs"]] == [("smooth", 3)]
-    for run in result["runs"]:
-        assert 0.0 <= run["mAP50"] <= 1.0 and run["train_seconds"] > 0
-        folder = tmp_path / "work" / "runs" / f"{run['setting']}-seed3"
-        config = json.loads((folder / "config.json").read_text())
-        assert config["seed"] == 3 and config["epochs"] == 1
-        assert config["label_smoothing"] == 0.1
-        assert json.loads((folder / "eval" / "metrics.json").read_text())["num_images"] == 4
-    out = capsys.readouterr().out
-    assert "| smooth | 1 |" in out
-
-
 def test_recipe_summary_is_the_mean_and_half_range_of_the_seeds():
     from benchmarks import recipe
 
