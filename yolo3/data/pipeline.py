@@ -260,11 +260,8 @@ def make_dataset(
         parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
     if pass_batches is not None:
-        here = sum(
-            count
-            for path, count in zip(record_set.shard_paths(split), record_set.shard_records(split))
-            if path in files
-        )
+        # This pipeline's records: the counts of its shard files, chosen by the same rule.
+        here = sum(_shard_files(record_set.shard_records(split), input_context, record_set, split))
         dataset = _padded_passes(dataset, here, pass_batches * batch_size, input_hw, max_boxes)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
 
