@@ -16,6 +16,7 @@ file that looks complete but is not. The template files load with
 :func:`yolo3.checkpoint.weights.load_weights` into a model built with no strategy.
 """
 
+import contextlib
 import math
 import os
 import shutil
@@ -60,6 +61,9 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         metadata: JSON-able dict stored in every file (classes, anchors, input size...).
         status: the trainer's :class:`TrainingStatus`; an epoch the job stopped in is not
             saved (None: the job never asks to stop).
+        averaged: a function giving the context in which ``body`` holds the weights to
+            save (the trainer's ``averaged_weights``: its moving average, with ``--ema``);
+            the training state is saved outside it. None: the weights as they are.
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         monitor="val_loss",
         metadata=None,
         status=None,
+        averaged=None,
     ):
         super().__init__()
+        self.averaged = averaged or contextlib.nullcontext
         self.status = status or TrainingStatus()
         self.worker = worker or distribute.WorkerInfo(True, 0, 1, 1)
         self.directory = directory
@@ -96,7 +102,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         return distribute.chief_only_path(os.path.join(self.directory, name), self.worker)
 
     def _save_template(self, name, metadata):
-        with self._where(name) as path:
+        with self._where(name) as path, self.averaged():
             save_weights(self.body, path, metadata)
 
     def save_restored(self, trainer, epochs_done):

@@ -1,5 +1,6 @@
 """mAP during training, every few epochs, on the chief."""
 
+import contextlib
 import math
 import os
 import re
@@ -53,11 +54,14 @@ class MapEvaluation(keras.callbacks.Callback):
         log: a callable given one line per evaluation.
         status: the trainer's :class:`TrainingStatus`: a job asked to stop skips the
             evaluation (None: the job never asks to stop).
+        averaged: a function giving the context in which ``body`` holds the weights to
+            score (the trainer's ``averaged_weights``); None: the weights as they are.
     """
 
     def __init__(self, body, source, *, split, anchors, class_names, every, limit=None,
-                 tensorboard_dir=None, log=None, status=None):  # fmt: skip
+                 tensorboard_dir=None, log=None, status=None, averaged=None):  # fmt: skip
         super().__init__()
+        self.averaged = averaged or contextlib.nullcontext
         self.status = status or TrainingStatus()
         self.body = body
         self.source = source
@@ -77,16 +81,17 @@ class MapEvaluation(keras.callbacks.Callback):
             return
         from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 
-        evaluation = validate.evaluate_model(
-            self.body,
-            self.source,
-            anchors=self.anchors,
-            class_names=self.class_names,
-            split=self.split,
-            coco=False,
-            gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,
-            limit=self.limit,
-        )
+        with self.averaged():
+            evaluation = validate.evaluate_model(
+                self.body,
+                self.source,
+                anchors=self.anchors,
+                class_names=self.class_names,
+                split=self.split,
+                coco=False,
+                gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,
+                limit=self.limit,
+            )
         value = evaluation.map50
         self.history.append((epoch + 1, value))
         self.latest = evaluation

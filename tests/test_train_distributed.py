@@ -5,6 +5,7 @@ process, and logical CPU devices must be set before it initialises.
 """
 
 import json
+import math
 import re
 import signal
 import subprocess
@@ -143,6 +144,12 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
         "0",
         "--checkpoint-every",
         "1",
+        # The weights' moving average: after step 1 it is the weights (d = 0), after step 2
+        # d = 0.6 (1 - 1/e) of them and 1 - d of the new ones, on each worker by itself.
+        "--ema",
+        "0.6",
+        "--ema-warmup",
+        "1",
     ]
     started = time.monotonic()
     log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *same_data))
@@ -181,6 +188,15 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
         epoch_one = tmp_path / run / "checkpoints/epoch-0001.weights.h5"
         logged = read_metadata(str(epoch_one))["logs"]["val_loss"]
         assert logged == pytest.approx(validation_loss(epoch_one, records, anchors), rel=1e-5)
+    # The checkpoints hold the average, by its formula from the weights of each step (the
+    # dumps hold the weights training ended with).
+    decay = 0.6 * (1 - math.exp(-1))
+    for run, final in (("job", chief), ("one", single)):
+        checkpoints = tmp_path / run / "checkpoints"
+        after_one = _template(checkpoints / "epoch-0001.weights.h5")
+        expected = [decay * a + (1 - decay) * w for a, w in zip(after_one, final)]
+        assert _max_difference(_template(checkpoints / "last.weights.h5"), expected) <= 1e-6
+        assert _max_difference(after_one, final) > 1e-2  # the two steps differ
     # Only the chief wrote: one set of checkpoints, one TensorBoard run, one config.
     assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
     print(f"\n2-worker cluster, 2 epochs of tiny at {SIZE} px: {cluster_seconds:.0f} s wall")

@@ -270,6 +270,7 @@ def build_trainer(config, setup, strategy, log):
             multi_scale=setup.scales,
             accumulate=config.accumulate,
             communication=setup.communication,
+            ema=config.ema_settings(),
         )
         lr_schedule = WarmupSchedule(
             setup.peak_lr,

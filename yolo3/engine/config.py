@@ -24,6 +24,7 @@ from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.powersgd import COMPRESSIONS
 from yolo3.comm.schemes import communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
+from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import MODEL_TYPES
@@ -160,6 +161,19 @@ class TrainConfig:
         None, group="schedule", flag="--early-stopping", metavar="PATIENCE"
     )
     seed: int = setting(0, group="schedule")
+    ema: float = setting(
+        0.0,
+        group="schedule",
+        metavar="DECAY",
+        help="keep an exponential moving average of the weights with this decay (0: off); "
+        "checkpoints, validation and --map-every use it",
+    )
+    ema_warmup: float = setting(
+        2000.0,
+        group="schedule",
+        metavar="STEPS",
+        help="steps over which the average's decay ramps up from 0 (1 - exp(-step/STEPS))",
+    )
     # devices
     gpus: int | None = setting(
         None, group="devices", help="GPUs to train on (0: CPU; default: all visible)"
@@ -401,6 +415,13 @@ class TrainConfig:
         # --mixed-precision float16.
         self.communication(self.mixed_precision)
         self.loss_options()
+        self.ema_settings()
+
+    def ema_settings(self):
+        """``(decay, warmup)`` of the weights' moving average, or None when ``--ema`` is 0
+        (:func:`yolo3.engine.averaging.check` checks them)."""
+        averaging.check(self.ema, self.ema_warmup)
+        return (self.ema, self.ema_warmup) if self.ema else None
 
     def loss_options(self):
         """The loss's :class:`yolo3.model.loss.LossOptions` (which checks them)."""

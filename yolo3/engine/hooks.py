@@ -114,6 +114,7 @@ def build_callbacks(
             tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
             log=log,
             status=trainer.status,
+            averaged=trainer.averaged_weights,
         )
         ordered.append(map_evaluation)
     if progress == "lines" and info.is_chief:
@@ -141,6 +142,7 @@ def build_callbacks(
             monitor=monitor,
             metadata=metadata,
             status=trainer.status,
+            averaged=trainer.averaged_weights,
         ),
     ]
     if config.reduce_lr_patience:

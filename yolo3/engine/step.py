@@ -9,7 +9,7 @@ switch) and glibc's malloc thresholds (:mod:`yolo3.distributed.malloc`).
 :func:`accumulated_step` is the train step with ``accumulate`` micro-batches.
 
 The class expects the trainer's ``accumulate``, ``multi_scale``, ``communication``,
-``status``, ``scale_history`` and ``scale_functions`` attributes.
+``status``, ``weight_average``, ``scale_history`` and ``scale_functions`` attributes.
 """
 
 import tensorflow as tf
@@ -59,6 +59,7 @@ class StepFunctions:
         if self._stop_flag is not None:
             function = self._with_stop_requests(function)
         function = self.communication.wrap_train_function(function, self)
+        function = self._with_weight_average(function)
         function = self._with_malloc_thresholds(function)
         self.train_function = function
         return function
@@ -84,6 +85,20 @@ class StepFunctions:
             return function(iterator)
 
         return step_function
+
+    def _with_weight_average(self, function):
+        """``function``, then one update of the weights' moving average (if kept)."""
+        average = self.weight_average
+        if average is None:
+            return function
+        strategy = self.distribute_strategy
+
+        def train_function(iterator):
+            logs = function(iterator)
+            average.update(strategy)
+            return logs
+
+        return train_function
 
     def _with_stop_requests(self, function):
         def train_function(iterator):

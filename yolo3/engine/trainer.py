@@ -12,6 +12,7 @@ Each replica differentiates ``sum(per_image) / global_batch`` (the local mean sc
 gradients of the replicas equal the gradient of the mean over the global batch.
 """
 
+import contextlib
 import dataclasses
 import math
 
@@ -21,6 +22,7 @@ import tensorflow as tf
 from keras import ops
 
 from yolo3.comm.schemes import AllReduce
+from yolo3.engine.averaging import WeightAverage
 from yolo3.engine.status import TrainingStatus
 from yolo3.engine.step import StepFunctions, accumulated_step
 from yolo3.model.loss import IGNORE_THRESH, LossOptions, loss_terms, replica_loss, yolo_loss
@@ -216,6 +218,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         multi_scale=None,
         accumulate=1,
         communication=None,
+        ema=None,
         **kwargs,
     ):
         super().__init__(name=kwargs.pop("name", "yolo_trainer"), **kwargs)
@@ -249,6 +252,42 @@ class YoloTrainer(StepFunctions, keras.Model):
         self.lr_scale = self.add_weight(
             shape=(), initializer="ones", trainable=False, name="lr_scale"
         )
+        # Private, as the communication's state: saved after the layers, so that the
+        # state files of runs without an average are as they were.
+        self._weight_average = None
+        self._averaged = False  # the body holds the averages (within averaged_weights)
+        if ema is not None:
+            decay, warmup = ema
+            self._weight_average = WeightAverage(body, decay=decay, warmup=warmup)
+
+    @property
+    def weight_average(self):
+        """The :class:`yolo3.engine.averaging.WeightAverage` of the body, or None."""
+        return self._weight_average
+
+    def averaged_weights(self):
+        """A context in which the body holds its weights' moving average (if the trainer
+        keeps one and it has started; else the weights as they are); the weights are back
+        after it. Nested, the inner one changes nothing."""
+        if self._weight_average is None or self._averaged:
+            return contextlib.nullcontext()
+        return self._swapped_in()
+
+    @contextlib.contextmanager
+    def _swapped_in(self):
+        drift = not self.communication.all_reduces_in_step
+        with self._weight_average.swapped_in(self.distribute_strategy, replicas_drift=drift):
+            self._averaged = True
+            try:
+                yield
+            finally:
+                self._averaged = False
+
+    def evaluate(self, *args, **kwargs):
+        """Keras's ``evaluate``, on the weights' moving average when the trainer keeps one
+        (as ``fit``'s validation)."""
+        with self.averaged_weights():
+            return super().evaluate(*args, **kwargs)
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
