@@ -55,8 +55,9 @@ def random_boxes(rng, batch, max_boxes, size, num_classes, fill=0.6):
     return boxes
 
 
-def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks):
-    """Loop-per-box reference of the original ``preprocess_true_boxes`` assignment."""
+def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks, iou_thresh=1.0):
+    """Loop-per-box reference of the original ``preprocess_true_boxes`` assignment; with
+    ``iou_thresh`` < 1, AlexeyAB Darknet's: also every anchor whose IoU is above it."""
     height, width = input_hw
     batch = boxes.shape[0]
     strides = [32 // 2**level for level in range(len(anchor_masks))]
@@ -74,19 +75,21 @@ def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks):
                 inter = min(w, aw) * min(h, ah)
                 ious.append(inter / (w * h + aw * ah - inter))
             best = int(np.argmax(ious))
+            chosen = [n for n in range(len(anchors)) if n == best or ious[n] > iou_thresh]
             for level, mask in enumerate(anchor_masks):
-                if best not in mask:
-                    continue
-                grid_h, grid_w = targets[level].shape[1:3]
-                cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-                col = min(int(np.floor(cx / width * grid_w)), grid_w - 1)
-                row = min(int(np.floor(cy / height * grid_h)), grid_h - 1)
-                slot = list(mask).index(best)
-                cell = targets[level][image, row, col, slot]
-                cell[:] = 0
-                cell[:4] = [cx / width, cy / height, w / width, h / height]
-                cell[4] = 1
-                cell[5 + int(class_id)] = 1
+                for anchor in chosen:
+                    if anchor not in mask:
+                        continue
+                    grid_h, grid_w = targets[level].shape[1:3]
+                    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+                    col = min(int(np.floor(cx / width * grid_w)), grid_w - 1)
+                    row = min(int(np.floor(cy / height * grid_h)), grid_h - 1)
+                    slot = list(mask).index(anchor)
+                    cell = targets[level][image, row, col, slot]
+                    cell[:] = 0
+                    cell[:4] = [cx / width, cy / height, w / width, h / height]
+                    cell[4] = 1
+                    cell[5 + int(class_id)] = 1
     return targets
 
 

@@ -12,14 +12,24 @@ YOLO_ANCHORS = read_anchors("model_data/yolo_anchors.txt")
 
 
 @pytest.mark.parametrize(
-    "anchors, masks, input_hw",
-    [(SMALL_ANCHORS, SMALL_MASKS, (64, 96)), (YOLO_ANCHORS, default_anchor_masks(9), (416, 320))],
+    "anchors, masks, input_hw, iou_thresh",
+    [
+        (SMALL_ANCHORS, SMALL_MASKS, (64, 96), 1.0),
+        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 1.0),
+        # AlexeyAB's several anchors per box, at yolov4.cfg's threshold.
+        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 0.213),
+    ],
 )
-def test_matches_reference(anchors, masks, input_hw):
+def test_matches_reference(anchors, masks, input_hw, iou_thresh):
     rng = np.random.default_rng(0)
     boxes = random_boxes(rng, 4, 30, min(input_hw), num_classes=3)
-    expected = numpy_targets(boxes, input_hw, anchors, 3, masks)
-    got = build_targets(boxes, input_hw=input_hw, anchors=anchors, num_classes=3)
+    expected = numpy_targets(boxes, input_hw, anchors, 3, masks, iou_thresh)
+    got = build_targets(
+        boxes, input_hw=input_hw, anchors=anchors, num_classes=3, iou_thresh=iou_thresh
+    )
+    if iou_thresh < 1.0:  # the rule assigns more: the reference is not the same as YOLOv3's
+        single = numpy_targets(boxes, input_hw, anchors, 3, masks)
+        assert sum(t[..., 4].sum() for t in expected) > sum(t[..., 4].sum() for t in single)
     assert len(got) == len(masks)
     for level_got, level_expected in zip(got, expected):
         assert level_got.shape == level_expected.shape

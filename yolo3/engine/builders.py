@@ -265,6 +265,7 @@ def build_trainer(config, setup, strategy, log):
             num_classes=len(data.classes),
             anchor_masks=setup.anchor_masks,
             ignore_thresh=config.ignore_thresh,
+            iou_thresh=config.iou_thresh,
             loss_options=config.loss_options(),
             remat=config.remat,
             multi_scale=setup.scales,

@@ -122,6 +122,12 @@ class TrainConfig:
         group="model",
         help="IoU above which a prediction is not penalised as background (Darknet's .7)",
     )
+    iou_thresh: float = setting(
+        1.0,
+        group="model",
+        help="also assign a box to every anchor whose IoU with it is above this "
+        "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only)",
+    )
     # The loss's terms, named as AlexeyAB Darknet's [yolo] keys (yolo3.model.loss).
     iou_loss: str = setting(
         "mse",
@@ -385,6 +391,7 @@ class TrainConfig:
             (self.epochs >= 1, "--epochs must be >= 1"),
             (self.batch_size >= 1, "--batch-size must be >= 1"),
             (self.lr > 0, "--lr must be > 0"),
+            (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
             (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
             (

@@ -177,6 +177,8 @@ class YoloTrainer(StepFunctions, keras.Model):
         num_classes: number of classes.
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
         ignore_thresh: IoU above which a background prediction is not penalised.
+        iou_thresh: a box is also assigned to every anchor whose centred IoU with it is
+            above this (AlexeyAB Darknet's ``iou_thresh``; 1: its best anchor only).
         loss_options: the loss's box term and the weights of its terms, a
             :class:`yolo3.model.loss.LossOptions` (default: YOLOv3's loss).
         remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
@@ -213,6 +215,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         num_classes,
         anchor_masks=None,
         ignore_thresh=IGNORE_THRESH,
+        iou_thresh=1.0,
         loss_options=None,
         remat="off",
         multi_scale=None,
@@ -245,6 +248,7 @@ class YoloTrainer(StepFunctions, keras.Model):
             tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
         )
         self.ignore_thresh = float(ignore_thresh)
+        self.iou_thresh = float(iou_thresh)
         self.loss_options = loss_options or LossOptions()
         self.term_names = loss_terms(self.loss_options.iou_loss)
         self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in self.term_names]
@@ -360,6 +364,7 @@ class YoloTrainer(StepFunctions, keras.Model):
                 anchors=self.anchors,
                 num_classes=self.num_classes,
                 anchor_masks=self.anchor_masks,
+                iou_thresh=self.iou_thresh,
             )
         total, terms = yolo_loss(
             tuple(y),

@@ -8,6 +8,10 @@ all anchors of all levels, whose centred box has the highest IoU with it; it lan
 anchor's level, in the cell containing its centre. A box whose best anchor is in no level's
 mask is not assigned. When two boxes of one image land on the same cell and anchor, the
 later box wins, as in the original's loop.
+
+With ``iou_thresh`` below 1 (AlexeyAB Darknet's ``[yolo]`` key of that name), a box also
+goes to every other anchor whose centred box has an IoU above it with the box, at that
+anchor's level and in the cell of its centre: several predictions learn each box.
 """
 
 import tensorflow as tf
@@ -20,23 +24,31 @@ def level_strides(num_levels):
     return tuple(32 // 2**level for level in range(num_levels))
 
 
-def best_anchor_indices(box_wh, anchors):
-    """Index of the anchor with the highest centred-box IoU.
+def anchor_ious(box_wh, anchors):
+    """IoU of each box with each anchor, both centred at one point.
 
     Args:
         box_wh: (..., 2) box widths and heights, any units shared with ``anchors``.
         anchors: (num_anchors, 2).
     Returns:
-        (...) int32 indices into ``anchors``.
+        (..., num_anchors) float32.
     """
     box_wh = tf.expand_dims(box_wh, -2)
     intersection = tf.reduce_prod(tf.minimum(box_wh, anchors), axis=-1)
     union = tf.reduce_prod(box_wh, axis=-1) + tf.reduce_prod(anchors, axis=-1) - intersection
-    iou = intersection / tf.maximum(union, 1e-12)
-    return tf.argmax(iou, axis=-1, output_type=tf.int32)
+    return intersection / tf.maximum(union, 1e-12)
 
 
-def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
+def best_anchor_indices(box_wh, anchors):
+    """Index of the anchor with the highest centred-box IoU (:func:`anchor_ious`).
+
+    Returns:
+        (...) int32 indices into ``anchors``.
+    """
+    return tf.argmax(anchor_ious(box_wh, anchors), axis=-1, output_type=tf.int32)
+
+
+def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None, iou_thresh=1.0):
     """Builds the training targets of every output level.
 
     Over 80 lines: the assignment of every box to its anchor and cell as one traced
@@ -49,6 +61,8 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
         anchors: (num_anchors, 2) anchor widths and heights in input pixels.
         num_classes: number of classes; class ids must lie in [0, num_classes).
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+        iou_thresh: a box also goes to every anchor whose centred IoU with it is above this
+            (1: its best anchor only, YOLOv3's rule).
 
     Returns:
         A tuple with one float32 tensor per level, largest stride first, of shape
@@ -74,7 +88,8 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
         False,
         message=f"build_targets: a box has a class id outside [0, {num_classes})",
     )
-    best_anchor = best_anchor_indices(size, anchors)
+    ious = anchor_ious(size, anchors)
+    best_anchor = tf.argmax(ious, axis=-1, output_type=tf.int32)
 
     values = tf.concat(
         [
@@ -92,32 +107,37 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None):
     targets = []
     for mask, stride in zip(anchor_masks, level_strides(len(anchor_masks))):
         grid_h, grid_w = height // stride, width // stride
-        matches = tf.equal(best_anchor[..., None], tf.constant(mask, tf.int32))
-        assigned = tf.logical_and(valid, tf.reduce_any(matches, axis=-1))
-        slot = tf.argmax(tf.cast(matches, tf.int32), axis=-1, output_type=tf.int32)
         column = tf.clip_by_value(
             tf.cast(tf.floor(centre[..., 0] / width * grid_w), tf.int32), 0, grid_w - 1
         )
         row = tf.clip_by_value(
             tf.cast(tf.floor(centre[..., 1] / height * grid_h), tf.int32), 0, grid_h - 1
         )
-        # Keep only the last box per (cell, anchor) so scatter_nd sees unique indices.
-        key = (row * grid_w + column) * len(mask) + slot
-        collides = tf.logical_and(tf.equal(key[..., :, None], key[..., None, :]), later)
-        collides = tf.logical_and(collides, assigned[..., None, :])
-        keep = tf.logical_and(assigned, tf.logical_not(tf.reduce_any(collides, axis=-1)))
-
-        kept = tf.where(keep)
-        image_index = tf.cast(kept[:, 0], tf.int32)
-        indices = tf.stack(
-            [
-                image_index,
-                tf.gather_nd(row, kept),
-                tf.gather_nd(column, kept),
-                tf.gather_nd(slot, kept),
-            ],
-            axis=-1,
-        )
+        cell = row * grid_w + column
+        indices, updates = [], []
+        for slot, anchor in enumerate(mask):
+            chosen = tf.equal(best_anchor, anchor)
+            if iou_thresh < 1.0:
+                chosen = tf.logical_or(chosen, ious[..., anchor] > iou_thresh)
+            assigned = tf.logical_and(valid, chosen)
+            # Keep only the last box per cell so scatter_nd sees unique indices.
+            collides = tf.logical_and(tf.equal(cell[..., :, None], cell[..., None, :]), later)
+            collides = tf.logical_and(collides, assigned[..., None, :])
+            keep = tf.logical_and(assigned, tf.logical_not(tf.reduce_any(collides, axis=-1)))
+            kept = tf.where(keep)
+            image_index = tf.cast(kept[:, 0], tf.int32)
+            indices.append(
+                tf.stack(
+                    [
+                        image_index,
+                        tf.gather_nd(row, kept),
+                        tf.gather_nd(column, kept),
+                        tf.fill(tf.shape(image_index), slot),
+                    ],
+                    axis=-1,
+                )
+            )
+            updates.append(tf.gather_nd(values, kept))
         shape = tf.stack([batch_size, grid_h, grid_w, len(mask), 5 + num_classes])
-        targets.append(tf.scatter_nd(indices, tf.gather_nd(values, kept), shape))
+        targets.append(tf.scatter_nd(tf.concat(indices, 0), tf.concat(updates, 0), shape))
     return tuple(targets)
