@@ -28,7 +28,10 @@ from yolo3.engine.combinations import OPTIONS, REFUSED, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-SHARED = ("accumulation", "bfloat16 all-reduce", "dense warm-up", "multi-scale")
+SHARED = (
+    "accumulation", "bfloat16 all-reduce", "dense warm-up", "multi-scale", "weight average",
+    "several anchors per box",
+)  # fmt: skip
 ROWS = {  # name: (replicas, options)
     "PowerSGD": (
         2, (*SHARED, "PowerSGD", "remat", "mixed precision", "freezing", "sync BN off"),

@@ -27,6 +27,8 @@ OPTIONS = {
     "XLA": ("--jit-compile", "on"),
     "freezing": ("--freeze-body", "1", "--freeze-epochs", "1"),
     "sync BN off": ("--sync-bn", "off"),
+    "weight average": ("--ema", "0.9", "--ema-warmup", "1"),
+    "several anchors per box": ("--iou-thresh", "0.3"),
 }
 
 
