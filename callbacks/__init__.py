@@ -16,6 +16,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`StopOnNonFinite`: stops on a NaN or infinite loss, naming the step and the term.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
+- :class:`TimeBudget`: fits the run's epochs and learning-rate schedule to ``--time``.
 - :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 
@@ -32,7 +33,7 @@ from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .record_check import RecordSetCheck
-from .schedule import FreezeSchedule, PlateauScale
+from .schedule import FreezeSchedule, PlateauScale, TimeBudget
 
 __all__ = [
     "BEST",
@@ -43,6 +44,7 @@ __all__ = [
     "MapEvaluation",
     "PREEMPTED_STATUS",
     "PlateauScale",
+    "TimeBudget",
     "Preemption",
     "ProgressLines",
     "RecordSetCheck",

@@ -1,6 +1,8 @@
-"""Changing what trains and how fast during ``model.fit``: freezing and plateau decay."""
+"""Changing what trains and how fast during ``model.fit``: freezing, plateau decay and a
+time budget."""
 
 import math
+import time
 
 import keras
 
@@ -79,3 +81,73 @@ class PlateauScale(keras.callbacks.Callback):
                 if self.log:
                     self.log(f"epoch {epoch + 1}: {self.monitor} stalled; lr scale {new:g}")
             self.wait = 0
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Fits the run to ``seconds`` of wall time (``--time``): after each epoch, the plan is
+    the epochs done plus as many more as the time left holds at the pace of the last epoch
+    (from one epoch's start to the next's: its steps, validation, mAP and checkpoints), at
+    most ``max_epochs``; the run ends when it has trained them.
+
+    The learning-rate schedule and multi-scale's last steps follow the plan: ``planned``
+    (a variable holding the run's planned optimizer steps, which the schedule reads) and
+    ``scales`` (a :class:`yolo3.data.multiscale.ScaleSchedule`, or None) are set to it. The
+    chief plans; every worker takes its plan (``broadcast``, a collective every worker
+    joins at the same epoch end), so that all stop after the same epoch.
+
+    Args:
+        seconds: the budget, counted from ``started`` (``time.perf_counter()`` when the run
+            began: its setup counts).
+        steps_per_epoch: optimizer steps in an epoch.
+        max_epochs: the most epochs the plan may hold (``--epochs``).
+        planned: the schedule's variable of planned steps.
+        broadcast: ``broadcast(variables)`` sets them on every worker to the chief's
+            (:func:`yolo3.distributed.strategy.broadcast_from_chief`, bound to the strategy).
+        scales: the run's multi-scale schedule, or None.
+        log: a print-like function for the plan's changes, or None.
+    """
+
+    def __init__(self, seconds, *, started, steps_per_epoch, max_epochs, planned,
+                 broadcast=None, scales=None, log=None):  # fmt: skip
+        super().__init__()
+        self.seconds = float(seconds)
+        self.started = started
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.max_epochs = int(max_epochs)
+        self.planned = planned
+        self.broadcast = broadcast
+        self.scales = scales
+        self.log = log
+        self.epoch_starts = []
+        self.epoch_ends = []  # when this callback saw each epoch end
+        self.plan = None  # epochs
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_starts.append(time.perf_counter())
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = time.perf_counter()
+        done = epoch + 1
+        # This epoch so far, and what the callbacks after this one did at the last epoch's
+        # end (checkpoints): the time from one epoch's start to the next's.
+        pace = now - self.epoch_starts[-1]
+        if self.epoch_ends:
+            pace += self.epoch_starts[-1] - self.epoch_ends[-1]
+        self.epoch_ends.append(now)
+        left = self.seconds - (now - self.started)
+        plan = min(self.max_epochs, done + max(0, math.floor(left / max(pace, 1e-9))))
+        self.planned.assign(plan * self.steps_per_epoch)
+        if self.broadcast is not None:
+            self.broadcast([self.planned])  # the chief's plan, on every worker
+        plan = int(self.planned.numpy()) // self.steps_per_epoch
+        if self.scales is not None:
+            self.scales.set_total_steps(plan * self.steps_per_epoch)
+        if self.log and plan != self.plan:
+            capped = " (--epochs caps it)" if plan == self.max_epochs and plan > done else ""
+            self.log(
+                f"time budget: {plan} epochs planned{capped}, the last took {pace:.1f} s, "
+                f"{max(left, 0.0) / 60:.1f} of {self.seconds / 60:g} min left"
+            )
+        self.plan = plan
+        if done >= plan:
+            self.model.stop_training = True

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import types
 
 import keras
 import numpy as np
@@ -312,3 +313,68 @@ def test_every_setting_is_one_flag_whose_default_is_the_settings_default(tmp_pat
     assert parsed == training.TrainConfig(records="r", log_dir=log_dir)
     with pytest.raises(ValueError, match="^--optimizer: one of adam, sgd$"):
         training.TrainConfig(records="r", log_dir=log_dir, optimizer="adagrad")
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_time_budget_plans_epochs_at_the_last_pace(monkeypatch):
+    from yolo3.callbacks import schedule
+    from yolo3.data.multiscale import ScaleSchedule
+
+    clock = _Clock()
+    monkeypatch.setattr(schedule.time, "perf_counter", clock)
+    planned = keras.Variable(0, dtype="int64")
+    scales = ScaleSchedule((64, 96), seed=0, total_steps=1000)
+    lines = []
+    budget = schedule.TimeBudget(
+        100.0, started=0.0, steps_per_epoch=10, max_epochs=8, planned=planned,
+        scales=scales, log=lines.append,
+    )  # fmt: skip
+    budget.set_model(types.SimpleNamespace(stop_training=False))
+    # Setup 5 s; epoch 1 takes 25 s (tracing), the others 10 s, plus 2 s of checkpoints
+    # after the budget has seen each epoch end.
+    ends = []
+    for epoch, length in enumerate([25.0, 10.0, 10.0, 10.0, 10.0, 10.0]):
+        clock.now = 5.0 + sum(ends) + 2.0 * epoch
+        budget.on_epoch_begin(epoch)
+        clock.now += length
+        budget.on_epoch_end(epoch)
+        ends.append(length)
+        if budget.model.stop_training:
+            break
+    # After epoch 1 (t = 30): 70 s left at 25 s an epoch: 2 more. After epoch 2 (t = 42):
+    # 58 s at 12 s: 4 more, 6; after 3 (54): 46 s: 3 more, 6; then 6 until it is trained.
+    assert epoch + 1 == 6 and budget.plan == 6
+    assert int(planned.numpy()) == 60 and scales.total_steps == 60 and scales.final_steps == 6
+    assert (
+        lines[0] == "time budget: 3 epochs planned, the last took 25.0 s, 1.2 of 1.66667 min left"
+    )
+    # --epochs caps the plan.
+    budget = schedule.TimeBudget(
+        1000.0, started=0.0, steps_per_epoch=10, max_epochs=4, planned=planned, log=lines.append
+    )
+    budget.set_model(types.SimpleNamespace(stop_training=False))
+    clock.now = 0.0
+    budget.on_epoch_begin(0)
+    clock.now = 10.0
+    budget.on_epoch_end(0)
+    assert budget.plan == 4 and lines[-1].startswith("time budget: 4 epochs planned (--epochs caps")
+
+
+def test_a_spent_time_budget_ends_the_run_after_its_first_epoch(record_set, tmp_path):
+    records, anchors = record_set
+    # A budget the setup alone spends: one epoch, and the schedule planned for it alone.
+    args = train_args(records, tmp_path, anchors, "--epochs", "5", "--steps-per-epoch", "2")
+    config = train.config_from_args(train.build_parser().parse_args([*args, "--time", "0.001"]))
+    training.configure(config)
+    lines = []
+    result = training.run(config, log=lines.append)
+    assert result.epochs_done == 1
+    assert int(result.trainer.planned_steps.numpy()) == 2
+    assert any(line.startswith("time budget: 1 epochs planned") for line in lines), lines

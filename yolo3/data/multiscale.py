@@ -78,9 +78,14 @@ class ScaleSchedule:
         if not self.sizes or any(s % 32 or s < 32 for s in self.sizes):
             raise ValueError(f"multi-scale sizes {self.sizes} must be positive multiples of 32")
         self.seed = int(seed)
-        self.total_steps = int(total_steps)
         self.period = int(period)
-        self.final_steps = min(int(final_steps), self.total_steps // 10)
+        self._final_cap = int(final_steps)
+        self.set_total_steps(total_steps)
+
+    def set_total_steps(self, total_steps):
+        """The run's length in steps, changed (``--time`` fits it to a time budget)."""
+        self.total_steps = int(total_steps)
+        self.final_steps = min(self._final_cap, self.total_steps // 10)
 
     def size_at(self, step):
         step = int(step)

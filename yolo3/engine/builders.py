@@ -273,10 +273,18 @@ def build_trainer(config, setup, strategy, log):
             communication=setup.communication,
             ema=config.ema_settings(),
         )
+        total_steps = setup.total_steps
+        if config.time:
+            # The plan --time changes as the run goes (yolo3.callbacks.TimeBudget); not
+            # saved: a resumed run plans again.
+            total_steps = keras.Variable(
+                setup.total_steps, dtype="int64", trainable=False, name="planned_steps"
+            )
+            object.__setattr__(trainer, "planned_steps", total_steps)  # untracked
         lr_schedule = WarmupSchedule(
             setup.peak_lr,
             warmup_steps=round(config.warmup_epochs * setup.steps),
-            total_steps=setup.total_steps,
+            total_steps=total_steps,
             kind=config.lr_schedule,
             scale=trainer.lr_scale,
         )

@@ -167,6 +167,14 @@ class TrainConfig:
         None, group="schedule", flag="--early-stopping", metavar="PATIENCE"
     )
     seed: int = setting(0, group="schedule")
+    time: float | None = setting(
+        None,
+        group="schedule",
+        metavar="MINUTES",
+        help="fit the run to MINUTES of wall time: after each epoch, as many more epochs as "
+        "the time left holds at the last epoch's pace (at most --epochs), the learning-rate "
+        "schedule stretched or shortened to match",
+    )
     ema: float = setting(
         0.0,
         group="schedule",
@@ -391,6 +399,7 @@ class TrainConfig:
             (self.epochs >= 1, "--epochs must be >= 1"),
             (self.batch_size >= 1, "--batch-size must be >= 1"),
             (self.lr > 0, "--lr must be > 0"),
+            (self.time is None or self.time > 0, "--time must be > 0 minutes"),
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
             (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),

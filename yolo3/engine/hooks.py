@@ -12,6 +12,7 @@ import os
 import keras
 
 from yolo3 import callbacks as yolo_callbacks
+from yolo3.distributed import strategy as distribute
 from yolo3.engine.trainer import frozen_layer_names
 
 
@@ -56,9 +57,10 @@ def build_backup(config, setup, trainer, log):
     )
 
 
-def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None):
+def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None, started=None):
     """The run's :class:`Hooks`; a stop request (a signal, a preemption notice) ends it at a
-    step that every worker agrees on. ``tracking``: :func:`build_tracking`'s."""
+    step that every worker agrees on. ``tracking``: :func:`build_tracking`'s; ``started``:
+    ``time.perf_counter()`` at the run's start (``--time`` counts from it)."""
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
@@ -72,12 +74,23 @@ def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None)
         preemption=preemption,
         log=log,
         tracking=tracking,
+        started=started,
     )
     return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking)
 
 
 def build_callbacks(
-    config, setup, *, progress, trainer, monitor, backup, preemption, log, tracking=None
+    config,
+    setup,
+    *,
+    progress,
+    trainer,
+    monitor,
+    backup,
+    preemption,
+    log,
+    tracking=None,
+    started=None,
 ):
     """The callbacks of a run, in the order they must see each epoch's logs.
 
@@ -145,6 +158,20 @@ def build_callbacks(
             averaged=trainer.averaged_weights,
         ),
     ]
+    if config.time:
+        strategy = trainer.distribute_strategy
+        ordered.append(
+            yolo_callbacks.TimeBudget(
+                config.time * 60.0,
+                started=started,
+                steps_per_epoch=setup.steps,
+                max_epochs=config.epochs,
+                planned=trainer.planned_steps,
+                broadcast=lambda variables: distribute.broadcast_from_chief(strategy, variables),
+                scales=setup.scales,
+                log=log if info.is_chief else None,
+            )
+        )
     if config.reduce_lr_patience:
         ordered.append(
             yolo_callbacks.PlateauScale(

@@ -42,6 +42,9 @@ OPTIMIZERS = ("adam", "sgd")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup to ``peak``, then constant or cosine decay to ``final_fraction * peak``.
 
+    ``total_steps``: the run's length in optimizer steps, a number or a variable (which
+    :class:`yolo3.callbacks.TimeBudget` sets as the run's plan changes).
+
     ``scale`` is an optional scalar variable multiplied in (1.0 unless a plateau callback
     lowers it); it lives in the trainer so that checkpoints and backups restore it.
     """
@@ -53,7 +56,10 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"learning-rate schedule {kind!r}: use cosine or constant")
         self.peak = float(peak)
         self.warmup_steps = int(warmup_steps)
-        self.total_steps = max(int(total_steps), 1)
+        # A variable where the run's length changes as it goes (--time).
+        self.total_steps = (
+            total_steps if hasattr(total_steps, "assign") else max(int(total_steps), 1)
+        )
         self.kind = kind
         self.final_fraction = float(final_fraction)
         self.scale = scale
@@ -64,7 +70,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         warmup = ops.minimum(1.0, (step + 1.0) / max(self.warmup_steps, 1))
         rate = self.peak * warmup
         if self.kind == "cosine":
-            decay_steps = max(self.total_steps - self.warmup_steps, 1)
+            total = ops.cast(self.total_steps, "float32")  # a number, or a variable
+            decay_steps = ops.maximum(total - self.warmup_steps, 1.0)
             progress = ops.clip((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
             cosine = 0.5 * (1.0 + ops.cos(math.pi * progress))
             rate = rate * (self.final_fraction + (1.0 - self.final_fraction) * cosine)
@@ -78,7 +85,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {
             "peak": self.peak,
             "warmup_steps": self.warmup_steps,
-            "total_steps": self.total_steps,
+            "total_steps": int(ops.convert_to_numpy(self.total_steps)),
             "kind": self.kind,
             "final_fraction": self.final_fraction,
         }
@@ -206,6 +213,10 @@ class YoloTrainer(StepFunctions, keras.Model):
     Logged metrics: ``loss`` (with regularisation) and ``xy_loss``, ``wh_loss``,
     ``objectness_loss``, ``class_loss`` (per-image means).
     """
+
+    # With --time: the variable of the run's planned optimizer steps, which the learning
+    # rate schedule reads (set by yolo3.engine.builders.build_trainer).
+    planned_steps = None
 
     def __init__(
         self,

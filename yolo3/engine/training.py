@@ -127,7 +127,14 @@ def _train(config, strategy, setup, tracking, started, log):
     if position is not None:
         initial_epoch = position.epoch
     hooks = build_hooks(
-        config, setup, trainer, backup, progress=progress, log=log, tracking=tracking
+        config,
+        setup,
+        trainer,
+        backup,
+        progress=progress,
+        log=log,
+        tracking=tracking,
+        started=started,
     )
     if position is not None and position.epoch >= config.epochs and not position.batch:
         _checkpoints_from_backup(hooks, trainer, position.epoch, log)
