@@ -42,7 +42,7 @@ SERVER_PYTHON = Path(os.environ.get("YOLO3_MLFLOW_SERVER_PYTHON", ROOT / ".venv-
 SERVER_INSTALL = (
     "python3 -m venv .venv-mlflow && .venv-mlflow/bin/pip install 'mlflow>=3.17.2,<3.18'"
 )
-LOSS_TERMS = ("loss", "xy_loss", "wh_loss", "objectness_loss", "class_loss")
+LOSS_TERMS = ("loss", "box_loss", "objectness_loss", "class_loss")
 
 
 @pytest.fixture(scope="module")

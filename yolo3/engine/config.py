@@ -29,6 +29,7 @@ from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
+from yolo3.model.targets import IOU_THRESH
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
 
 # The groups of ``yolo3 train --help``, in order: field metadata names them by key.
@@ -123,19 +124,23 @@ class TrainConfig:
         help="IoU above which a prediction is not penalised as background (Darknet's .7)",
     )
     iou_thresh: float = setting(
-        1.0,
+        IOU_THRESH,
         group="model",
         help="also assign a box to every anchor whose IoU with it is above this "
-        "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only)",
+        "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only, as YOLOv3)",
     )
     # The loss's terms, named as AlexeyAB Darknet's [yolo] keys (yolo3.model.loss).
     iou_loss: str = setting(
-        "mse",
+        LossOptions.iou_loss,
         group="model",
         choices=IOU_LOSSES,
-        help="box term: mse (YOLOv3's xy and wh terms) or 1 - IoU, GIoU, DIoU or CIoU",
+        help="box term: 1 - IoU, GIoU, DIoU or CIoU, or mse (YOLOv3's xy and wh terms)",
     )
-    iou_normalizer: float = setting(1.0, group="model", help="weight of the box term(s)")
+    iou_normalizer: float | None = setting(
+        None,
+        group="model",
+        help="weight of the box term(s) (default: 4 for an IoU term, 1 for mse)",
+    )
     obj_normalizer: float = setting(1.0, group="model", help="weight of the objectness term")
     cls_normalizer: float = setting(1.0, group="model", help="weight of the class term")
     label_smoothing: float = setting(

@@ -29,7 +29,7 @@ from yolo3.model.loss import IGNORE_THRESH, LossOptions, loss_terms, replica_los
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
 from yolo3.model.resources import default_anchor_masks
-from yolo3.model.targets import build_targets
+from yolo3.model.targets import IOU_THRESH, build_targets
 
 # Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
 # YOLOv3 (as the original's first 185 Keras layers), the first five conv+pool stages for
@@ -185,9 +185,11 @@ class YoloTrainer(StepFunctions, keras.Model):
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
         ignore_thresh: IoU above which a background prediction is not penalised.
         iou_thresh: a box is also assigned to every anchor whose centred IoU with it is
-            above this (AlexeyAB Darknet's ``iou_thresh``; 1: its best anchor only).
+            above this (AlexeyAB Darknet's ``iou_thresh``; default
+            :data:`yolo3.model.targets.IOU_THRESH`; 1: its best anchor only, YOLOv3's rule).
         loss_options: the loss's box term and the weights of its terms, a
-            :class:`yolo3.model.loss.LossOptions` (default: YOLOv3's loss).
+            :class:`yolo3.model.loss.LossOptions` (default: its defaults, the recipe's
+            CIoU box term; ``LossOptions(iou_loss="mse")`` is YOLOv3's loss).
         remat: ``off``, or ``full`` / ``large``: the training forward pass recomputes
             activations in the backward pass (:class:`yolo3.model.remat.RematForward`) to fit
             larger batches; the loss and gradients stay the same.
@@ -226,7 +228,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         num_classes,
         anchor_masks=None,
         ignore_thresh=IGNORE_THRESH,
-        iou_thresh=1.0,
+        iou_thresh=IOU_THRESH,
         loss_options=None,
         remat="off",
         multi_scale=None,

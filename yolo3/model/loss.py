@@ -75,19 +75,34 @@ def box_iou(boxes_a, boxes_b):
     return intersection / ops.maximum(area_a + area_b - intersection, 1e-12)
 
 
+# The weight of the box term when none is given: YOLOv3's 1 for its xy and wh terms; 4 for
+# an IoU term (1 - CIoU at weight 1 was too weak against the objectness and class sums on
+# the demo's task, 8 too strong: docs/benchmarks.md, "The training recipe").
+DEFAULT_IOU_NORMALIZER = {"mse": 1.0, "iou": 4.0, "giou": 4.0, "diou": 4.0, "ciou": 4.0}
+
+
 @dataclasses.dataclass(frozen=True)
 class LossOptions:
     """The box term and the weights of :func:`yolo_loss`'s terms (its keyword arguments of
-    the same names), checked once wherever they come from."""
+    the same names), checked once wherever they come from.
 
-    iou_loss: str = "mse"
-    iou_normalizer: float = 1.0
+    The defaults are the training recipe's (``yolo3 train``'s and :class:`YoloTrainer`'s):
+    1 - CIoU at weight 4, measured against YOLOv3's terms on the demo's task
+    (docs/benchmarks.md); ``iou_loss="mse", iou_normalizer=None`` is YOLOv3's loss, which is
+    also :func:`yolo_loss`'s own default. ``iou_normalizer=None`` takes
+    :data:`DEFAULT_IOU_NORMALIZER` of the box term.
+    """
+
+    iou_loss: str = "ciou"
+    iou_normalizer: float | None = None
     obj_normalizer: float = 1.0
     cls_normalizer: float = 1.0
     label_smoothing: float = 0.0
 
     def __post_init__(self):
         loss_terms(self.iou_loss)  # raises for an unknown kind
+        if self.iou_normalizer is None:
+            object.__setattr__(self, "iou_normalizer", DEFAULT_IOU_NORMALIZER[self.iou_loss])
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"--label-smoothing {self.label_smoothing}: use a value in [0, 1)")
         for name in ("iou_normalizer", "obj_normalizer", "cls_normalizer"):
