@@ -97,7 +97,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     Args:
         seconds: the budget, counted from ``started`` (``time.perf_counter()`` when the run
-            began: its setup counts).
+            began: its setup counts; None: from the start of ``fit``).
         steps_per_epoch: optimizer steps in an epoch.
         max_epochs: the most epochs the plan may hold (``--epochs``).
         planned: the schedule's variable of planned steps.
@@ -121,6 +121,10 @@ class TimeBudget(keras.callbacks.Callback):
         self.epoch_starts = []
         self.epoch_ends = []  # when this callback saw each epoch end
         self.plan = None  # epochs
+
+    def on_train_begin(self, logs=None):
+        if self.started is None:  # no start given: the budget counts from here
+            self.started = time.perf_counter()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch_starts.append(time.perf_counter())

@@ -75,10 +75,10 @@ def _arrays(path):
     return [w.numpy() for w in body.weights]
 
 
-def _run(args):
+def _run(args, log=None):
     config = train.config_from_args(train.build_parser().parse_args(args))
     training.configure(config)
-    return training.run(config, log=lambda line: None)
+    return training.run(config, log=log or (lambda line: None))
 
 
 def test_a_run_saves_and_validates_the_average_and_resumes_it(record_set, tmp_path):
@@ -88,7 +88,12 @@ def test_a_run_saves_and_validates_the_average_and_resumes_it(record_set, tmp_pa
     # on the planned number of epochs.
     ema += ("--flip", "0", "--shuffle-buffer", "1", "--lr-schedule", "constant")
     args = train_args(records, tmp_path / "run", anchors, *ema)
-    result = _run([*args, "--epochs", "1"])
+    # With --time too: a budget it cannot spend plans the one epoch --epochs allows, and
+    # the schedule reads the plan (tests/test_train.py plans budgets that end a run).
+    lines = []
+    result = _run([*args, "--epochs", "1", "--time", "60"], log=lines.append)
+    assert int(result.trainer.planned_steps.numpy()) == 3
+    assert any(line.startswith("time budget: 1 epochs planned") for line in lines), lines
     trainer = result.trainer
     average = trainer.weight_average
     assert int(average.updates.numpy()) == 3  # one update per optimizer step

@@ -365,16 +365,3 @@ def test_a_time_budget_plans_epochs_at_the_last_pace(monkeypatch):
     clock.now = 10.0
     budget.on_epoch_end(0)
     assert budget.plan == 4 and lines[-1].startswith("time budget: 4 epochs planned (--epochs caps")
-
-
-def test_a_spent_time_budget_ends_the_run_after_its_first_epoch(record_set, tmp_path):
-    records, anchors = record_set
-    # A budget the setup alone spends: one epoch, and the schedule planned for it alone.
-    args = train_args(records, tmp_path, anchors, "--epochs", "5", "--steps-per-epoch", "2")
-    config = train.config_from_args(train.build_parser().parse_args([*args, "--time", "0.001"]))
-    training.configure(config)
-    lines = []
-    result = training.run(config, log=lines.append)
-    assert result.epochs_done == 1
-    assert int(result.trainer.planned_steps.numpy()) == 2
-    assert any(line.startswith("time budget: 1 epochs planned") for line in lines), lines
