@@ -212,8 +212,9 @@ class YoloTrainer(StepFunctions, keras.Model):
     Data: ``x`` is ``(N, H, W, 3)``, float32 in [0, 1] or uint8 (scaled here); ``y`` the
     per-level targets of :func:`yolo3.model.targets.build_targets`, or the padded boxes
     ``(N, max_boxes, 5)`` they are built from (then built here, on the accelerator).
-    Logged metrics: ``loss`` (with regularisation) and ``xy_loss``, ``wh_loss``,
-    ``objectness_loss``, ``class_loss`` (per-image means).
+    Logged metrics: ``loss`` (with regularisation) and the terms of
+    :func:`yolo3.model.loss.loss_terms`: ``box_loss`` (``xy_loss`` and ``wh_loss`` with
+    YOLOv3's ``mse`` box terms), ``objectness_loss``, ``class_loss`` (per-image means).
     """
 
     # With --time: the variable of the run's planned optimizer steps, which the learning
