@@ -28,20 +28,20 @@ from yolo3.engine.combinations import OPTIONS, REFUSED, markdown_table
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-SHARED = (
-    "accumulation", "bfloat16 all-reduce", "dense warm-up", "multi-scale", "weight average",
-    "several anchors per box",
-)  # fmt: skip
+SHARED = ("accumulation", "bfloat16 all-reduce", "dense warm-up", "multi-scale")
+# Options that change nothing the communication sees: two rows hold all their pairs.
+TRAINING = ("weight average", "several anchors per box")
 ROWS = {  # name: (replicas, options)
     "PowerSGD": (
         2, (*SHARED, "PowerSGD", "remat", "mixed precision", "freezing", "sync BN off"),
     ),
     "local steps": (
-        2, (*SHARED, "local steps, overlapped", "remat", "mixed precision", "freezing",
-            "sync BN off"),
+        2, (*SHARED, *TRAINING, "local steps, overlapped", "remat", "mixed precision",
+            "freezing", "sync BN off"),
     ),
     "XLA, PowerSGD": (
-        1, (*SHARED, "XLA", "PowerSGD", "remat", "mixed precision", "freezing", "sync BN off"),
+        1, (*SHARED, *TRAINING, "XLA", "PowerSGD", "remat", "mixed precision", "freezing",
+            "sync BN off"),
     ),
     "XLA, local steps": (1, ("XLA", "local steps, overlapped")),
 }  # fmt: skip
