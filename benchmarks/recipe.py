@@ -55,7 +55,7 @@ class RecipeConfig:
 
 
 def parse_setting(text):
-    """``NAME=FLAGS`` -> ``(NAME, (flag, ...))``; ``mse=`` is the recipe as it is."""
+    """``NAME=FLAGS`` -> ``(NAME, (flag, ...))``; ``recipe=`` (no flags) is the recipe as it is."""
     name, equals, flags = text.partition("=")
     if not equals or not name:
         raise ValueError(f"setting {text!r} is not NAME=FLAGS (e.g. ciou=--iou-loss ciou)")

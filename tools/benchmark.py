@@ -7,7 +7,8 @@
         [--link 100mbit] [--settings 1:float32 8:bfloat16 1:float32:powersgd4 1:bfloat16:local16]
     python tools/benchmark.py detect [--model-types tiny yolov3] [--weights W --records R]
     python tools/benchmark.py predict --collectives 3:1 [--json prediction.json]
-    python tools/benchmark.py recipe --settings 'mse=' 'ciou=--iou-loss ciou' --cores 0 1
+    python tools/benchmark.py recipe --settings 'recipe=' 'yolov3=--iou-loss mse --iou-thresh 1'
+        --cores 0 1
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
