@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import SMALL_ANCHORS
 from tensorflow.python.data.ops import multi_device_iterator_ops
+from test_progress import FakeClock
 from train_helpers import SIZE, small_record_set, train_args, validation_loss, write_anchors
 
 from yolo3.callbacks import StopOnNonFinite, read_training_state
@@ -315,19 +316,11 @@ def test_every_setting_is_one_flag_whose_default_is_the_settings_default(tmp_pat
         training.TrainConfig(records="r", log_dir=log_dir, optimizer="adagrad")
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_a_time_budget_plans_epochs_at_the_last_pace(monkeypatch):
     from yolo3.callbacks import schedule
     from yolo3.data.multiscale import ScaleSchedule
 
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(schedule.time, "perf_counter", clock)
     planned = keras.Variable(0, dtype="int64")
     scales = ScaleSchedule((64, 96), seed=0, total_steps=1000)
