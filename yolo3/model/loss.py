@@ -86,10 +86,10 @@ class LossOptions:
     """The box term and the weights of :func:`yolo_loss`'s terms (its keyword arguments of
     the same names), checked once wherever they come from.
 
-    The defaults are the training recipe's (``yolo3 train``'s and :class:`YoloTrainer`'s):
-    1 - CIoU at weight 4, measured against YOLOv3's terms on the demo's task
-    (docs/benchmarks.md); ``iou_loss="mse", iou_normalizer=None`` is YOLOv3's loss, which is
-    also :func:`yolo_loss`'s own default. ``iou_normalizer=None`` takes
+    The defaults are the training recipe's (``yolo3 train``'s and
+    :class:`yolo3.engine.trainer.YoloTrainer`'s): 1 - CIoU at weight 4, measured against
+    YOLOv3's terms on the demo's task (docs/benchmarks.md); ``iou_loss="mse"`` is YOLOv3's
+    loss, which is also :func:`yolo_loss`'s own default. ``iou_normalizer=None`` takes
     :data:`DEFAULT_IOU_NORMALIZER` of the box term.
     """
 
