@@ -99,10 +99,11 @@ def _is_float(variable):
 
 def _tensor(variable):
     """This replica's copy of ``variable`` as a tensor on its device."""
-    return tf.identity(_distributed(variable))
+    return tf.identity(distributed_value(variable))
 
 
-def _distributed(variable):
+def distributed_value(variable):
+    """The distributed variable behind a Keras variable (the variable itself otherwise)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
@@ -110,14 +111,14 @@ def _assign(strategy, variable, value):
     """Each replica's copy of ``variable`` takes that replica's ``value`` (cross-replica
     context)."""
     strategy.extended.update(
-        _distributed(variable), lambda v, x: v.assign(x), args=(value,), group=False
+        distributed_value(variable), lambda v, x: v.assign(x), args=(value,), group=False
     )
 
 
-def _average_locally(strategy, variable):
+def average_locally(strategy, variable):
     """The copies of ``variable`` on this process's replicas take their mean: memory only,
     nothing crosses to other workers (cross-replica context)."""
-    copies = strategy.experimental_local_results(_distributed(variable))
+    copies = strategy.experimental_local_results(distributed_value(variable))
     _assign(strategy, variable, tf.add_n([tf.identity(c) for c in copies]) / len(copies))
 
 
@@ -175,7 +176,7 @@ class LocalStepsState(keras.layers.Layer):
             )
 
         anchors = tuple(
-            per_replica(f"anchor_{i}", tf.identity(_distributed(w).read_value()))
+            per_replica(f"anchor_{i}", tf.identity(distributed_value(w).read_value()))
             for i, w in enumerate(self._weights_synced)
         )
         buffers = ()
@@ -243,7 +244,7 @@ class LocalStepsState(keras.layers.Layer):
         """
         full = bool(optimizer_variables)
         slots = optimizer_slots(optimizer_variables)
-        if slots and len(strategy.experimental_local_results(_distributed(slots[0]))) == 1:
+        if slots and len(strategy.experimental_local_results(distributed_value(slots[0]))) == 1:
             slots = ()  # one replica in this process: nothing to average
         kind = "sync"
         if self.overlap and full and self.in_flight:
@@ -317,7 +318,7 @@ class LocalStepsState(keras.layers.Layer):
                 for variable, value in zip(self._weights_synced, values):
                     _assign(strategy, variable, value)
                 for slot in slots:
-                    _average_locally(strategy, slot)
+                    average_locally(strategy, slot)
 
             self._functions[key] = function
         return self._functions[key]

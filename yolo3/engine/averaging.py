@@ -25,6 +25,8 @@ import math
 import keras
 import tensorflow as tf
 
+from yolo3.comm.local_steps import average_locally, distributed_value
+
 
 def decay_at(updates, decay, warmup):
     """The decay of the update that follows ``updates`` earlier ones (a number or a
@@ -40,11 +42,6 @@ def check(decay, warmup):
         raise ValueError(f"--ema {decay:g}: give a decay in [0, 1), such as 0.999 (0: off)")
     if warmup <= 0:
         raise ValueError(f"--ema-warmup {warmup:g}: give a number of steps > 0")
-
-
-def _value(variable):
-    """The distributed variable behind a Keras variable."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 class WeightAverage(keras.layers.Layer):
@@ -90,18 +87,20 @@ class WeightAverage(keras.layers.Layer):
         self._update_function()
 
     def _update(self, strategy):
-        decay = decay_at(_value(self.updates), self.decay, self.warmup)
+        decay = decay_at(distributed_value(self.updates), self.decay, self.warmup)
 
         def move(average, weight):
             return average.assign(decay * average + (1.0 - decay) * tf.cast(weight, average.dtype))
 
         for average, weight in zip(self.averages, self._sources):
-            strategy.extended.update(_value(average), move, args=(_value(weight),), group=False)
-        _value(self.updates).assign_add(1)
+            strategy.extended.update(
+                distributed_value(average), move, args=(distributed_value(weight),), group=False
+            )
+        distributed_value(self.updates).assign_add(1)
 
     def started(self):
         """True once an update has run (before it, the averages hold nothing)."""
-        return int(_value(self.updates).numpy()) > 0
+        return int(distributed_value(self.updates).numpy()) > 0
 
     @contextlib.contextmanager
     def swapped_in(self, strategy, *, replicas_drift=False):
@@ -116,12 +115,7 @@ class WeightAverage(keras.layers.Layer):
             return
         if replicas_drift:
             for average in self.averages:
-                copies = strategy.experimental_local_results(_value(average))
-                if len(copies) > 1:
-                    mean = tf.add_n([tf.identity(c) for c in copies]) / len(copies)
-                    strategy.extended.update(
-                        _value(average), lambda v, x: v.assign(x), args=(mean,), group=False
-                    )
+                average_locally(strategy, average)
         self._swap(strategy)
         try:
             yield
@@ -141,7 +135,10 @@ class WeightAverage(keras.layers.Layer):
             def swap():
                 for average, weight in zip(self.averages, self._sources):
                     strategy.extended.update(
-                        _value(weight), exchange, args=(_value(average),), group=False
+                        distributed_value(weight),
+                        exchange,
+                        args=(distributed_value(average),),
+                        group=False,
                     )
 
             self._swap_function = tf.function(swap)
