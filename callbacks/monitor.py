@@ -122,21 +122,43 @@ class ProgressLines(keras.callbacks.Callback):
     run at that pace). At each epoch's end one line with every logged value, so it must
     come after the callbacks that add to the logs. No carriage returns, no colour codes.
 
+    With ``--time`` the run's length is the plan of ``budget`` (a
+    :class:`yolo3.callbacks.TimeBudget`, whose ``plan`` is read here, never worked out
+    again): the lines count its epochs. Before its first plan, made at the first epoch's
+    end, the length is unknown: the lines say that ``--epochs`` is only a cap
+    (``epoch 1/<=50``) and give the time left in this epoch alone.
+
     Args:
         global_batch_size: images per step over all replicas and workers.
         every: steps between lines (None: by time only).
         seconds: seconds between lines (0: by steps only).
+        budget: the run's :class:`yolo3.callbacks.TimeBudget`, or None.
+        clock: seconds, as ``time.monotonic``.
     """
 
-    def __init__(self, global_batch_size, *, every=None, seconds=DEFAULT_SECONDS, log=print):
+    def __init__(self, global_batch_size, *, every=None, seconds=DEFAULT_SECONDS, log=print,
+                 budget=None, clock=time.monotonic):  # fmt: skip
         super().__init__()
         self.global_batch_size = int(global_batch_size)
-        self.interval = Interval(every, seconds)
+        self.interval = Interval(every, seconds, clock)
         self.log = log
+        self.budget = budget
+        self.clock = clock
+
+    def _epochs(self):
+        """The run's epochs and whether they are only a cap: True while a time budget has
+        yet to plan, when all that is known is ``--epochs``."""
+        if self.budget is None or self.budget.plan is None:
+            return self.params.get("epochs"), self.budget is not None
+        return self.budget.plan, False
+
+    def _of_epochs(self):
+        epochs, capped = self._epochs()
+        return f"/<={epochs}" if capped and epochs else _of(epochs)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
-        self.started = self.mark = time.monotonic()
+        self.started = self.mark = self.clock()
         self.marked_step = 0
         self.interval.restart(0)
 
@@ -144,19 +166,24 @@ class ProgressLines(keras.callbacks.Callback):
         step = batch + 1
         if not self.interval.due(step):
             return
-        now = time.monotonic()
+        now = self.clock()
         seconds_per_step = (now - self.mark) / max(step - self.marked_step, 1)
         self.mark, self.marked_step = now, step
-        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        steps = self.params.get("steps")
+        epochs, capped = self._epochs()
         parts = []
         if logs and "loss" in logs:
             parts.append(f"loss {float(logs['loss']):.4f}")
         if seconds_per_step > 0:
             parts.append(f"{self.global_batch_size / seconds_per_step:.1f} images/s")
-        if steps and epochs:
+        if steps and capped:
+            left = format_duration((steps - step) * seconds_per_step)
+            parts.append(f"{left} left in this epoch; --time plans the run after it")
+        elif steps and epochs:
             left = (steps - step) + (epochs - self.epoch - 1) * steps
             parts.append(f"{format_duration(left * seconds_per_step)} left")
-        self.log(f"epoch {self.epoch + 1}{_of(epochs)} step {step}{_of(steps)}: {', '.join(parts)}")
+        where = f"epoch {self.epoch + 1}{self._of_epochs()} step {step}{_of(steps)}"
+        self.log(f"{where}: {', '.join(parts)}")
 
     def on_epoch_end(self, epoch, logs=None):
         first = ("loss", "val_loss")  # then the rest by name
@@ -164,9 +191,8 @@ class ProgressLines(keras.callbacks.Callback):
             logs or {}, key=lambda name: (first.index(name) if name in first else 2, name)
         )
         values = ", ".join(f"{name} {_figure(logs[name])}" for name in names)
-        elapsed = format_duration(time.monotonic() - self.started)
-        epochs = self.params.get("epochs")
-        self.log(f"epoch {epoch + 1}{_of(epochs)} done in {elapsed}: {values}")
+        elapsed = format_duration(self.clock() - self.started)
+        self.log(f"epoch {epoch + 1}{self._of_epochs()} done in {elapsed}: {values}")
 
 
 def _of(total):

@@ -6,6 +6,7 @@ import pty
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,43 @@ def test_quiet_turns_progress_off_and_tools_count_in_lines_off_a_terminal():
         for _ in range(4):
             bar.update()
     assert len(lines) == 1 and lines[0].startswith("evaluate: 2/4 images (50%), ")
+
+
+def test_progress_lines_under_a_time_budget_count_its_plan_not_the_epochs_flag(monkeypatch):
+    import keras  # noqa: PLC0415
+
+    from yolo3.callbacks import ProgressLines, TimeBudget, schedule  # noqa: PLC0415
+
+    clock, lines = FakeClock(), []
+    monkeypatch.setattr(schedule.time, "perf_counter", clock)
+    budget = TimeBudget(
+        100.0, started=0.0, steps_per_epoch=10, max_epochs=50,
+        planned=keras.Variable(500, dtype="int64"),
+    )  # fmt: skip
+    progress_lines = ProgressLines(
+        4, every=6, seconds=0, log=lines.append, budget=budget, clock=clock
+    )
+    model = types.SimpleNamespace(stop_training=False)
+    for callback in (progress_lines, budget):  # in the run's order
+        callback.set_params({"epochs": 50, "steps": 10})
+        callback.set_model(model)
+    budget.on_train_begin()
+    for epoch in range(2):  # 2 s a step
+        for callback in (progress_lines, budget):
+            callback.on_epoch_begin(epoch)
+        for batch in range(10):
+            clock.now += 2.0
+            progress_lines.on_train_batch_end(batch, {"loss": 1.0})
+        for callback in (progress_lines, budget):
+            callback.on_epoch_end(epoch, {"loss": 1.0})
+    # Before the first plan --epochs is only a cap, and only this epoch's time is known.
+    # After epoch 1 (20 s of 100): 4 more epochs fit, 5 planned; 34 steps of 2 s are left
+    # at epoch 2's step 6 (--epochs would say 16m08s).
+    assert budget.plan == 5
+    assert lines == [
+        "epoch 1/<=50 step 6/10: loss 1.0000, 2.0 images/s, "
+        "8s left in this epoch; --time plans the run after it",
+        "epoch 1/<=50 done in 20s: loss 1.0000",
+        "epoch 2/5 step 6/10: loss 1.0000, 2.0 images/s, 1m08s left",
+        "epoch 2/5 done in 20s: loss 1.0000",
+    ]

@@ -130,10 +130,27 @@ def build_callbacks(
             averaged=trainer.averaged_weights,
         )
         ordered.append(map_evaluation)
+    budget = None  # with --time: the plan, which the progress lines count too
+    if config.time:
+        strategy = trainer.distribute_strategy
+        budget = yolo_callbacks.TimeBudget(
+            config.time * 60.0,
+            started=started,
+            steps_per_epoch=setup.steps,
+            max_epochs=config.epochs,
+            planned=trainer.planned_steps,
+            broadcast=lambda variables: distribute.broadcast_from_chief(strategy, variables),
+            scales=setup.scales,
+            log=log if info.is_chief else None,
+        )
     if progress == "lines" and info.is_chief:
         ordered.append(
             yolo_callbacks.ProgressLines(
-                setup.global_batch, every=config.log_every, seconds=config.log_seconds, log=log
+                setup.global_batch,
+                every=config.log_every,
+                seconds=config.log_seconds,
+                log=log,
+                budget=budget,
             )
         )
     if info.is_chief:
@@ -158,20 +175,8 @@ def build_callbacks(
             averaged=trainer.averaged_weights,
         ),
     ]
-    if config.time:
-        strategy = trainer.distribute_strategy
-        ordered.append(
-            yolo_callbacks.TimeBudget(
-                config.time * 60.0,
-                started=started,
-                steps_per_epoch=setup.steps,
-                max_epochs=config.epochs,
-                planned=trainer.planned_steps,
-                broadcast=lambda variables: distribute.broadcast_from_chief(strategy, variables),
-                scales=setup.scales,
-                log=log if info.is_chief else None,
-            )
-        )
+    if budget is not None:
+        ordered.append(budget)
     if config.reduce_lr_patience:
         ordered.append(
             yolo_callbacks.PlateauScale(
