@@ -48,6 +48,8 @@ class MapEvaluation(keras.callbacks.Callback):
         source: a record-set folder (or annotation file) to evaluate on.
         split: the record-set split.
         anchors, class_names: as the model was built with.
+        anchor_masks, scale_x_y: the anchors of each head and the grid sensitivity, as
+            trained (None: the defaults).
         every: epochs between evaluations.
         limit: evaluate at most this many images.
         tensorboard_dir: the folder of the run's TensorBoard logs; None writes nothing.
@@ -59,7 +61,8 @@ class MapEvaluation(keras.callbacks.Callback):
     """
 
     def __init__(self, body, source, *, split, anchors, class_names, every, limit=None,
-                 tensorboard_dir=None, log=None, status=None, averaged=None):  # fmt: skip
+                 tensorboard_dir=None, log=None, status=None, averaged=None,
+                 anchor_masks=None, scale_x_y=None):  # fmt: skip
         super().__init__()
         self.averaged = averaged or contextlib.nullcontext
         self.status = status or TrainingStatus()
@@ -68,6 +71,8 @@ class MapEvaluation(keras.callbacks.Callback):
         self.split = split
         self.anchors = np.asarray(anchors, np.float32)
         self.class_names = list(class_names)
+        self.anchor_masks = anchor_masks
+        self.scale_x_y = scale_x_y
         self.every = int(every)
         self.limit = limit
         self.tensorboard_dir = tensorboard_dir
@@ -87,6 +92,8 @@ class MapEvaluation(keras.callbacks.Callback):
                 self.source,
                 anchors=self.anchors,
                 class_names=self.class_names,
+                anchor_masks=self.anchor_masks,
+                scale_x_y=self.scale_x_y,
                 split=self.split,
                 coco=False,
                 gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,

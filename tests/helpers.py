@@ -107,12 +107,22 @@ def _iou_xywh(a, b):
 
 
 def numpy_loss(
-    targets, outputs, anchors, num_classes, anchor_masks, ignore_thresh, true_boxes=None
+    targets,
+    outputs,
+    anchors,
+    num_classes,
+    anchor_masks,
+    ignore_thresh,
+    true_boxes=None,
+    scale_x_y=None,
 ):
     """Cell-by-cell reference of the per-image loss; returns (N,) totals and a dict of terms.
 
     The ignore mask compares with ``true_boxes`` (N, max_boxes, >= 4 corner pixels; padding
-    rows zero) when given, else with the cells assigned in ``targets``.
+    rows zero) when given, else with the cells assigned in ``targets``. ``scale_x_y`` (one
+    per level) scales the sigmoid of the centre, ``s sigmoid(t) - (s - 1) / 2``, and the xy
+    term is the cross-entropy of the sigmoid against the truth's offset carried back through
+    that map, ``(offset + (s - 1) / 2) / s``.
     """
     batch = targets[0].shape[0]
     input_w = outputs[0].shape[2] * 32
@@ -134,6 +144,7 @@ def numpy_loss(
                 if x1 > x0 and y1 > y0
             ]  # fmt: skip
         for level, mask in enumerate(anchor_masks):
+            s = 1.0 if scale_x_y is None else scale_x_y[level]
             grid_h, grid_w = outputs[level].shape[1:3]
             raw = np.asarray(outputs[level][image], np.float64).reshape(
                 grid_h, grid_w, len(mask), 5 + num_classes
@@ -142,7 +153,7 @@ def numpy_loss(
                 t = targets[level][image, row, col, slot]
                 r = raw[row, col, slot]
                 aw, ah = anchors[mask[slot]]
-                sig = 1 / (1 + np.exp(-r[:2]))
+                sig = s / (1 + np.exp(-r[:2])) - (s - 1) / 2
                 pred = [
                     (sig[0] + col) / grid_w,
                     (sig[1] + row) / grid_h,
@@ -152,6 +163,7 @@ def numpy_loss(
                 if t[4] > 0:
                     scale = 2 - t[2] * t[3]
                     tx, ty = t[0] * grid_w - col, t[1] * grid_h - row
+                    tx, ty = (tx + (s - 1) / 2) / s, (ty + (s - 1) / 2) / s
                     tw, th = np.log(t[2] * input_w / aw), np.log(t[3] * input_h / ah)
                     terms["xy"][image] += scale * (_bce(tx, r[0]) + _bce(ty, r[1]))
                     terms["wh"][image] += scale * 0.5 * ((tw - r[2]) ** 2 + (th - r[3]) ** 2)

@@ -6,6 +6,7 @@ anchors, masks, classes and size (exact), and OpenCV's Darknet reader, an implem
 its own, computes the same heads from them as the Keras model does.
 """
 
+import re
 from pathlib import Path
 
 import cv2
@@ -16,6 +17,7 @@ from helpers import SMALL_ANCHORS, float64_copy, load_tool
 
 from yolo3.checkpoint import darknet, darknet_writer
 from yolo3.checkpoint import weights as yolo_weights
+from yolo3.inference.postprocess import decode_heads
 from yolo3.model.network import build_model
 from yolo3.model.resources import read_anchors
 
@@ -183,6 +185,66 @@ def test_opencv_runs_the_written_files_like_keras(exported, model_type):
             f"(float32 keras: {diff32:.2e}); output std {mine.std():.2f}"
         )
         assert diff <= TOLERANCE[model_type]
+
+
+def test_grid_sensitivity_is_written_read_back_and_decoded_as_opencv_decodes(exported, tmp_path):
+    """scale_x_y goes into each [yolo]; convert reads it back; OpenCV's [yolo] layer, which
+    decodes with it, places every box where decode_heads does."""
+    model, _, _ = exported("tiny")
+    settings = {**SETTINGS["tiny"], "scale_x_y": (1.05, 1.2)}
+    cfg, weights = str(tmp_path / "grid.cfg"), str(tmp_path / "grid.weights")
+    darknet_writer.write_darknet(
+        model, cfg, weights, model_type="tiny", num_classes=NUM_CLASSES, **settings
+    )
+    assert [line for line in Path(cfg).read_text().splitlines() if "scale_x_y" in line] == [
+        "scale_x_y=1.05",
+        "scale_x_y=1.2",
+    ]
+    _, info = darknet.convert(cfg, weights)
+    assert info["scale_x_y"] == [1.05, 1.2]
+    assert darknet.conversion_metadata(info)["scale_x_y"] == [1.05, 1.2]
+
+    image = random_image("tiny")
+    net = cv2.dnn.readNetFromDarknet(cfg, weights)
+    net.enableWinograd(False)
+    net.setInput(np.ascontiguousarray(image.transpose(0, 3, 1, 2)))
+    # Per [yolo], rows in (row, column, anchor) order: centre x, y and width, height as
+    # fractions of the input, then the scores.
+    theirs = np.concatenate(net.forward(net.getUnconnectedOutLayersNames()))[:, :4]
+    height, width = settings["input_hw"]
+    boxes, _ = decode_heads(
+        model(image), settings["anchors"], settings["anchor_masks"], NUM_CLASSES,
+        (height, width), settings["scale_x_y"],
+    )  # fmt: skip
+    corners = boxes.numpy()[0] / np.array([width, height, width, height], np.float32)
+    ours = np.concatenate(
+        [(corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]], 1
+    )
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+    # The same boxes without the scale are elsewhere: the comparison sees it.
+    plain, _ = decode_heads(
+        model(image), settings["anchors"], settings["anchor_masks"], NUM_CLASSES, (height, width)
+    )
+    assert np.abs(plain.numpy()[0] - boxes.numpy()[0]).max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("scale_x_y=0.9", "scale_x_y=0.9: values below 1 are not supported"),
+        ("new_coords=1", "new_coords=1 (Scaled-YOLOv4's box decoding) is not supported"),
+    ],
+)
+def test_yolo_decoding_this_library_lacks_is_named_with_its_line(tmp_path, line, message):
+    text = darknet_writer.cfg_text("tiny", NUM_CLASSES, **SETTINGS["tiny"])
+    first = text.index("[yolo]\n") + len("[yolo]\n")
+    cfg = tmp_path / "odd.cfg"
+    cfg.write_text(text[:first] + line + "\n" + text[first:])
+    yolo_line = text[:first].count("\n")
+    expected = rf"odd.cfg, line {yolo_line}: \[yolo\] {re.escape(message)}"
+    with pytest.raises(ValueError, match=expected):
+        darknet.describe_cfg(darknet.parse_cfg(str(cfg)), str(cfg))
 
 
 def test_batch_norm_epsilon_is_folded_into_the_variance(tmp_path):

@@ -85,10 +85,13 @@ def exported(tmp_path_factory):
             "classes": list(CLASSES),
             "anchors": [list(a) for a in ANCHORS],
             "anchor_masks": [list(m) for m in MASKS],
+            # Grid sensitivity: every engine must decode with it as the Keras detector does.
+            "scale_x_y": [1.1, 1.3],
             "input_size": [INPUT, INPUT],
         },
     )
     spec = spec_for_weights(weights)
+    assert spec.scale_x_y == (1.1, 1.3)
     paths = {
         "saved_model": root / "saved_model",
         "onnx": root / "model.onnx",

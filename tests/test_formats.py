@@ -294,8 +294,10 @@ def test_each_format_refuses_what_it_cannot_read_in_one_line(datasets, tmp_path,
     argv = ["--data", datasets["yolo"], "--output", output, "--val-fraction", "0.5"]
     assert preprocess_tool.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {datasets['yolo']} names a validation split already; drop "
-                   "--val-fraction/--val-per-class"]
+    assert err == [
+        f"error: {datasets['yolo']} names a validation split already; drop "
+        "--val-fraction/--val-per-class"
+    ]
 
 
 def test_coco_crowd_unknown_and_roboflow_layout(datasets, tmp_path):

@@ -106,6 +106,58 @@ def test_prediction_equal_to_target_has_no_box_loss():
     assert terms["wh"][0] > 0.1
 
 
+def test_grid_sensitivity_matches_numpy_oracle():
+    # One scale per level (stride 32, 16): the xy term, and the ignore mask through the
+    # decoded centres, against the reference cell by cell.
+    rng = np.random.default_rng(5)
+    boxes = random_boxes(rng, 2, 5, 64, NUM_CLASSES)
+    outputs = [rng.normal(0, 1.5, o.shape).astype(np.float32) for o in _zeros(2)]
+    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    total, terms = yolo_loss(
+        targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, ignore_thresh=0.5,
+        scale_x_y=(1.05, 1.2),
+    )  # fmt: skip
+    expected_total, expected_terms = numpy_loss(
+        numpy_targets(boxes, (64, 64), SMALL_ANCHORS, NUM_CLASSES, MASKS),
+        outputs, SMALL_ANCHORS, NUM_CLASSES, MASKS, 0.5, scale_x_y=(1.05, 1.2),
+    )  # fmt: skip
+    np.testing.assert_allclose(total.numpy()[:, 0], expected_total, rtol=1e-5)
+    for name, value in terms.items():
+        np.testing.assert_allclose(value.numpy()[:, 0], expected_terms[name], rtol=1e-5, atol=1e-5)
+    plain, _ = yolo_loss(targets, outputs, anchors=SMALL_ANCHORS, num_classes=2)
+    assert np.abs(plain.numpy() - total.numpy()).max() > 1e-3  # the scale is not ignored
+
+
+@pytest.mark.parametrize("iou_loss", ["mse", "ciou"])
+def test_grid_sensitivity_reaches_the_cell_corner_at_a_finite_logit(iou_loss):
+    # The box of test_prediction_equal_to_target_has_no_box_loss: centre on the corner
+    # (32, 32) of stride-32 cell (1, 1), offset 0, size anchor 3's. With scale_x_y 2 the
+    # offset 2 sigmoid(t) - 1/2 is 0 at sigmoid(t) = 1/4, t = -ln 3 (YOLOv3's sigmoid only
+    # tends to 0). mse: the xy label is (0 + 1/2) / 2 = 1/4 = sigmoid(t), the cross-entropy's
+    # minimum, the entropy H(1/4) per axis times the scale 2 - w h, with zero gradient.
+    # ciou: the decoded box is the true box, 1 - CIoU = 0 (a cusp there: no gradient check).
+    boxes = np.array([[[20, 17, 44, 47, 0]]], np.float32)
+    outputs = _zeros(1)
+    cell = outputs[0][0, 1, 1].reshape(3, 5 + NUM_CLASSES)
+    cell[0, :2] = -np.log(3.0)
+    outputs[0][0, 1, 1] = cell.reshape(-1)
+    outputs = [tf.constant(o) for o in outputs]
+    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    with tf.GradientTape() as tape:
+        tape.watch(outputs)
+        _, terms = yolo_loss(
+            targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, iou_loss=iou_loss,
+            scale_x_y=2.0,
+        )  # fmt: skip
+        box = terms["xy"] if iou_loss == "mse" else terms["box"]
+    gradient = tape.gradient(box, outputs)[0].numpy()[0, 1, 1].reshape(3, -1)[0, :2]
+    entropy = -(0.25 * np.log(0.25) + 0.75 * np.log(0.75))
+    expected = 2 * (2 - 24 * 30 / 64**2) * entropy if iou_loss == "mse" else 0.0
+    np.testing.assert_allclose(box.numpy()[0, 0], expected, atol=1e-5)
+    if iou_loss == "mse":
+        np.testing.assert_allclose(gradient, 0.0, atol=1e-5)
+
+
 def test_ignore_mask_spares_good_background_predictions():
     # Box 36x36 centred at (46, 46): assigned to anchor 4 (40x36) in stride-32 cell (1, 1).
     # The same cell's slot 0 (anchor 3, 24x30) predicts a box centred at (48, 48) at raw 0,

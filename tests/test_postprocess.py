@@ -43,14 +43,16 @@ def _sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def decode_oracle(outputs, anchors, masks, num_classes, input_hw):
-    """Per-element loops in float64, written from the YOLOv3 paper's equations."""
+def decode_oracle(outputs, anchors, masks, num_classes, input_hw, scale_x_y=None):
+    """Per-element loops in float64, written from the YOLOv3 paper's equations; with
+    ``scale_x_y`` (one per head), AlexeyAB Darknet's ``s sigmoid(t) - (s - 1) / 2`` centres."""
     input_h, input_w = input_hw
     depth = 5 + num_classes
     all_boxes, all_scores = [], []
+    scales = scale_x_y or [1.0] * len(masks)
     for n in range(outputs[0].shape[0]):
         boxes, scores = [], []
-        for output, mask in zip(outputs, masks, strict=True):
+        for output, mask, s in zip(outputs, masks, scales, strict=True):
             grid_h, grid_w = output.shape[1:3]
             for row in range(grid_h):
                 for col in range(grid_w):
@@ -58,8 +60,10 @@ def decode_oracle(outputs, anchors, masks, num_classes, input_hw):
                         raw = [
                             float(v) for v in output[n, row, col, slot * depth : (slot + 1) * depth]
                         ]
-                        centre_x = (_sigmoid(raw[0]) + col) / grid_w * input_w
-                        centre_y = (_sigmoid(raw[1]) + row) / grid_h * input_h
+                        offset_x = s * _sigmoid(raw[0]) - (s - 1) / 2
+                        offset_y = s * _sigmoid(raw[1]) - (s - 1) / 2
+                        centre_x = (offset_x + col) / grid_w * input_w
+                        centre_y = (offset_y + row) / grid_h * input_h
                         width = math.exp(raw[2]) * float(anchors[anchor_index][0])
                         height = math.exp(raw[3]) * float(anchors[anchor_index][1])
                         boxes.append(
@@ -94,8 +98,12 @@ def fire(head, image, row, col, slot, class_id, txy=(0.0, 0.0), twh=(0.0, 0.0)):
     channels[5 + class_id] = CONFIDENT
 
 
-@pytest.mark.parametrize("masks", [MASKS_9, MASKS_6], ids=["yolov3", "tiny"])
-def test_decode_matches_numpy_oracle(masks):
+@pytest.mark.parametrize(
+    "masks, scale_x_y",
+    [(MASKS_9, None), (MASKS_6, None), (MASKS_9, (1.05, 1.1, 1.2)), (MASKS_6, (2.0, 1.0))],
+    ids=["yolov3", "tiny", "yolov3-scale_x_y", "tiny-scale_x_y"],
+)
+def test_decode_matches_numpy_oracle(masks, scale_x_y):
     rng = np.random.default_rng(0)
     input_hw = (64, 96)  # not square, so a swapped x/y anywhere shows up
     strides = (32, 16, 8)[: len(masks)]
@@ -104,8 +112,10 @@ def test_decode_matches_numpy_oracle(masks):
         for s in strides
     ]
     anchors = ANCHORS[: 3 * len(masks)]
-    boxes, scores = decode_heads(outputs, anchors, masks, NUM_CLASSES, input_hw)
-    expected_boxes, expected_scores = decode_oracle(outputs, anchors, masks, NUM_CLASSES, input_hw)
+    boxes, scores = decode_heads(outputs, anchors, masks, NUM_CLASSES, input_hw, scale_x_y)
+    expected_boxes, expected_scores = decode_oracle(
+        outputs, anchors, masks, NUM_CLASSES, input_hw, scale_x_y
+    )
     assert boxes.shape == expected_boxes.shape == (2, sum(3 * 64 * 96 // s**2 for s in strides), 4)
     np.testing.assert_allclose(boxes.numpy(), expected_boxes, rtol=1e-5, atol=1e-3)
     np.testing.assert_allclose(scores.numpy(), expected_scores, rtol=1e-5, atol=1e-6)
@@ -174,6 +184,27 @@ def test_one_confident_cell_gives_the_expected_box_in_original_pixels():
     assert classes.numpy()[:, 0].tolist() == [2, 0]
     np.testing.assert_allclose(scores[:, 0], _sigmoid(CONFIDENT) ** 2, rtol=1e-6)
     assert np.all(boxes.numpy()[:, 1:] == 0) and np.all(scores.numpy()[:, 1:] == 0)
+
+
+def test_grid_sensitivity_stretches_the_offset_about_the_cell_centre():
+    # Input 416x416, head 1 (stride 16), cell (row 9, col 12), tiny's anchor 0 = 10x13, with
+    # scale_x_y 2 on that head: offset 2 sigmoid(t) - 1/2. t = 0 keeps the centre, 1/2 for
+    # any s: (12.5, 9.5) * 16 = (200, 152). sigmoid(ln 3) = 3/4 gives offset 1 (the cell's
+    # edge, which YOLOv3's sigmoid never reaches) and sigmoid(-ln 3) = 1/4 offset 0:
+    # centre (13, 9) * 16 = (208, 144). Head 0's scale (1.5) must not touch head 1.
+    image_hw = np.array([[416, 416]], np.int32)
+    expected = {(0.0, 0.0): (200, 152), (math.log(3), -math.log(3)): (208, 144)}
+    for txy, (centre_x, centre_y) in expected.items():
+        outputs = silent_heads(1, strides=(32, 16))
+        fire(outputs[1], image=0, row=9, col=12, slot=0, class_id=1, txy=txy)
+        boxes, _, _, counts = postprocess(
+            outputs, ANCHORS[:6], NUM_CLASSES, image_hw, 416, scale_x_y=(1.5, 2.0)
+        )
+        assert counts.numpy().tolist() == [1]
+        np.testing.assert_allclose(
+            boxes[0, 0], [centre_x - 5, centre_y - 6.5, centre_x + 5, centre_y + 6.5],
+            atol=1e-3,
+        )  # fmt: skip
 
 
 def test_box_wholly_in_the_padding_is_dropped():

@@ -18,6 +18,7 @@ from yolo3.commands import train
 from yolo3.data import records as yolo_records
 from yolo3.engine import config as run_config
 from yolo3.engine import training
+from yolo3.inference.detector_spec import spec_for_weights
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors
 
@@ -53,7 +54,10 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
     record_set, tmp_path, monkeypatch
 ):
     records, anchors = record_set
-    args = train_args(records, tmp_path, anchors, "--epochs", "2", "--map-every", "2")
+    # With grid sensitivity per head, which the checkpoints record and detection decodes with.
+    args = train_args(
+        records, tmp_path, anchors, "--epochs", "2", "--map-every", "2", "--scale-x-y", "1.1,1.2"
+    )
     config = train.config_from_args(train.build_parser().parse_args(args))
     training.configure(config)
     manifests_read = []
@@ -109,6 +113,8 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         "      (the last weights: best.weights.h5 was picked on these images)",
     ]
     assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
+    assert metadata["scale_x_y"] == [1.1, 1.2]
+    assert spec_for_weights(checkpoints / "last.weights.h5").scale_x_y == (1.1, 1.2)
     # The template file holds the bare body: it loads into a fresh model with no wrapper
     # and predicts exactly what the trained model predicts.
     fresh = _body(str(checkpoints / "last.weights.h5"))
@@ -285,6 +291,9 @@ def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tm
         (("--allreduce-dtype", "int8"), "--allreduce-dtype"),
         (("--collective-timeout", "0"), "--collective-timeout"),
         (("--bytes-per-pack", "-1"), "--bytes-per-pack"),
+        (("--scale-x-y", "0.9"), "--scale-x-y '0.9': every value must be at least 1"),
+        (("--scale-x-y", "1.1,x"), "--scale-x-y '1.1,x': expected a number"),
+        (("--scale-x-y", "1,1,1"), "--scale-x-y 1,1,1: give one value, or one per head (2 here"),
     ],
 )
 def test_communication_flags_reject_bad_values(record_set, tmp_path, capsys, flags, named):

@@ -145,16 +145,23 @@ output_file = argument_type(_output_file)
 
 def add_detector_arguments(parser):
     """The options of the tools that run a detector on weights from any source:
-    ``--anchor-masks`` and ``--resampling`` (see :class:`yolo3.inference.detect.Detector`), and
-    ``--device``."""
+    ``--anchor-masks``, ``--scale-x-y`` and ``--resampling`` (see
+    :class:`yolo3.inference.detect.Detector`), and ``--device``."""
     from yolo3.data.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
-    from yolo3.model.resources import parse_anchor_masks  # noqa: PLC0415
+    from yolo3.model.resources import parse_anchor_masks, parse_scale_x_y  # noqa: PLC0415
 
     parser.add_argument(
         "--anchor-masks",
         type=argument_type(parse_anchor_masks),
         help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
         "weights file records; the original keras-yolo3's for its .h5 files)",
+    )
+    parser.add_argument(
+        "--scale-x-y",
+        type=argument_type(parse_scale_x_y),
+        metavar="S",
+        help="grid sensitivity the weights were trained with, one value or one per head, "
+        "largest stride first (default: what the weights file records, else 1)",
     )
     parser.add_argument(
         "--resampling",
@@ -232,6 +239,7 @@ WEIGHTS_FLAGS = {
     "model_type": "model_type",
     "input_size": "input_size",
     "anchor_masks": "anchor_masks",
+    "scale_x_y": "scale_x_y",
     "resampling": "resampling",
 }
 ARTIFACT_FIXED = tuple(WEIGHTS_FLAGS)

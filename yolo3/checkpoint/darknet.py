@@ -22,6 +22,7 @@ import numpy as np
 
 from yolo3.checkpoint import weights as yolo_weights
 from yolo3.model import network as yolo_model
+from yolo3.model.resources import SCALE_X_Y
 
 SUPPORTED_SECTIONS = (
     "net", "convolutional", "shortcut", "route", "upsample", "yolo", "maxpool", "avgpool",
@@ -155,7 +156,7 @@ def describe_cfg(sections, path="cfg"):
     size = (net.get("height", 0), net.get("width", 0))
     info["input_size"] = size if all(size) else None
     if model_type == "darknet53":
-        info.update(num_classes=convs[-1].filters, anchors=None, masks=None)
+        info.update(num_classes=convs[-1].filters, anchors=None, masks=None, scale_x_y=None)
     else:
         info.update(_read_yolo_sections(layers, convs, path))
     return info
@@ -225,7 +226,7 @@ def _read_yolo_sections(layers, convs, path):
             f"num={first.options.get('num')} w,h pairs"
         )
     anchors = np.asarray(anchor_values, np.float32).reshape(-1, 2)
-    masks = []
+    masks, scale_x_y = [], []
     for i, section in yolo:
         same = section.get("classes") == num_classes
         if not same or section.get_list("anchors", float) != anchor_values:
@@ -248,7 +249,23 @@ def _read_yolo_sections(layers, convs, path):
                 f"filters={expected} ({len(mask)} anchors x (5 + {num_classes} classes))"
             )
         masks.append(mask)
-    return {"num_classes": num_classes, "anchors": anchors, "masks": masks}
+        scale_x_y.append(_grid_sensitivity(section))
+    return {"num_classes": num_classes, "anchors": anchors, "masks": masks, "scale_x_y": scale_x_y}
+
+
+def _grid_sensitivity(section):
+    """A [yolo] section's ``scale_x_y`` (AlexeyAB Darknet's key, 1 where absent), which
+    detection decodes with; raises naming the line for a decoding this library does not do."""
+    where = f"{section.source}, line {section.line}: [yolo]"
+    if section.get("new_coords", 0) != 0:
+        raise ValueError(
+            f"{where} new_coords={section.options['new_coords']} (Scaled-YOLOv4's box decoding) "
+            "is not supported; only new_coords=0"
+        )
+    scale = section.get("scale_x_y", SCALE_X_Y, float)
+    if not scale >= 1.0:
+        raise ValueError(f"{where} scale_x_y={scale:g}: values below 1 are not supported")
+    return scale
 
 
 def build_keras_model(info, input_size=None):
@@ -433,6 +450,7 @@ def conversion_metadata(info):
         "num_anchors": len(masks[0]) if masks else None,
         "anchors": anchors.tolist() if anchors is not None else None,
         "anchor_masks": masks,
+        "scale_x_y": info.get("scale_x_y"),
         "input_size": list(info["input_size"] or ()) or None,
         "source": info["source"],
         "darknet_header": info["header"],

@@ -13,6 +13,7 @@ import numpy as np
 from yolo3.checkpoint.darknet import Section, describe_cfg
 from yolo3.fileio import atomic_write
 from yolo3.model import network as yolo_model
+from yolo3.model.resources import SCALE_X_Y, scale_x_y_per_head
 
 # The [net] section of Darknet's own yolov3.cfg and yolov3-tiny.cfg, less width and height:
 # batch=1 for inference; the rest only matters to Darknet when it trains (fine-tuning).
@@ -28,9 +29,10 @@ YOLO_OPTIONS = (("jitter", 0.3), ("ignore_thresh", 0.7), ("truth_thresh", 1), ("
 class _CfgBuilder:
     """Collects ``(kind, options)`` sections and knows each one's Darknet layer index."""
 
-    def __init__(self, masks, yolo_options):
+    def __init__(self, masks, yolo_options, scale_x_y):
         self.sections = []
         self.masks = iter(masks)
+        self.scale_x_y = iter(scale_x_y)
         self.yolo_options = yolo_options
 
     @property
@@ -50,7 +52,11 @@ class _CfgBuilder:
         """The linear, biased 1x1 convolution of a head and its [yolo] section."""
         self.add("convolutional", size=1, stride=1, pad=1, filters=filters, activation="linear")
         mask = ",".join(str(index) for index in next(self.masks))
-        self.add("yolo", mask=mask, **self.yolo_options)
+        scale = next(self.scale_x_y)
+        # Written only where it differs from Darknet's default of 1, which keeps the cfg of
+        # a YOLOv3-trained model section for section Darknet's own.
+        grid = {} if scale == SCALE_X_Y else {"scale_x_y": np.format_float_positional(scale)}
+        self.add("yolo", mask=mask, **self.yolo_options, **grid)
 
 
 def _check_export_settings(model_type, num_classes, input_hw, anchors, anchor_masks):
@@ -82,15 +88,16 @@ def _check_export_settings(model_type, num_classes, input_hw, anchors, anchor_ma
     return int(height), int(width), anchors, masks
 
 
-def _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks):
+def _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None):
     """The ``(kind, options)`` sections of the cfg for our network (see :func:`cfg_text`)."""
     height, width, anchors, masks = _check_export_settings(
         model_type, num_classes, input_hw, anchors, anchor_masks
     )
+    scale_x_y = scale_x_y_per_head(scale_x_y, len(masks), "scale_x_y")
     # Shortest text that reads back as the same float32 (what convert stores).
     pairs = (",".join(np.format_float_positional(v, trim="-") for v in pair) for pair in anchors)
     yolo_options = {"anchors": ",  ".join(pairs), "classes": int(num_classes), "num": len(anchors)}
-    cfg = _CfgBuilder(masks, {**yolo_options, **dict(YOLO_OPTIONS)})
+    cfg = _CfgBuilder(masks, {**yolo_options, **dict(YOLO_OPTIONS)}, scale_x_y)
     cfg.add("net", width=width, height=height, **dict(NET_OPTIONS))
     out_filters = len(masks[0]) * (5 + num_classes)
     if model_type == "tiny":
@@ -133,9 +140,11 @@ def _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks):
     return cfg.sections
 
 
-def _render_cfg(model_type, num_classes, input_hw, anchors, anchor_masks, source="cfg"):
+def _render_cfg(
+    model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None, source="cfg"
+):
     """``(text, [Section])``: the cfg text and what :func:`parse_cfg` reads from it."""
-    sections = _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks)
+    sections = _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)
     lines = [f"# {model_type} with {num_classes} classes, written by yolo3.checkpoint.darknet"]
     parsed = []
     for kind, options in sections:
@@ -145,7 +154,7 @@ def _render_cfg(model_type, num_classes, input_hw, anchors, anchor_masks, source
     return "\n".join(lines) + "\n", parsed
 
 
-def cfg_text(model_type, num_classes, input_hw, anchors, anchor_masks):
+def cfg_text(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None):
     """The Darknet cfg of our ``model_type`` network: section for section Darknet's own
     ``yolov3.cfg`` / ``yolov3-tiny.cfg``, with these classes, anchors and input size.
 
@@ -157,10 +166,12 @@ def cfg_text(model_type, num_classes, input_hw, anchors, anchor_masks):
         anchor_masks: anchor indices per head, largest stride first, as this library stores
             them; Darknet lists its [yolo] sections in that order too, so each becomes the
             ``mask=`` of the [yolo] at the same position.
+        scale_x_y: grid sensitivity, one number or one per head (None: 1), written as each
+            [yolo]'s ``scale_x_y=`` (AlexeyAB Darknet's and OpenCV's key) where it is not 1.
 
     :func:`convert` reads the text back to the same anchors (float32), masks, classes and size.
     """
-    return _render_cfg(model_type, num_classes, input_hw, anchors, anchor_masks)[0]
+    return _render_cfg(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)[0]
 
 
 def _named_weights(layer):
@@ -211,7 +222,16 @@ def _darknet_values(model, spec, model_type):
 
 
 def write_darknet(
-    model, cfg_path, weights_path, *, model_type, num_classes, input_hw, anchors, anchor_masks
+    model,
+    cfg_path,
+    weights_path,
+    *,
+    model_type,
+    num_classes,
+    input_hw,
+    anchors,
+    anchor_masks,
+    scale_x_y=None,
 ):
     """Writes ``model`` as a Darknet ``cfg_path`` (:func:`cfg_text`) and ``weights_path``.
 
@@ -223,13 +243,14 @@ def write_darknet(
     Args:
         model: a ``model_type`` network of :mod:`yolo3.model.network` (layers ``conv_k`` /
             ``bn_k``).
-        model_type, num_classes, input_hw, anchors, anchor_masks: see :func:`cfg_text`.
+        model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y: see
+            :func:`cfg_text`.
 
     Raises:
         ValueError naming the layer when ``model`` lacks one the cfg needs or its shapes
         differ (another model type, class count or number of anchors per head).
     """
-    settings = (model_type, num_classes, input_hw, anchors, anchor_masks)
+    settings = (model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)
     text, sections = _render_cfg(*settings, source=str(cfg_path))
     convs = describe_cfg(sections, cfg_path)["convs"]
     values = [_darknet_values(model, spec, model_type) for spec in convs]

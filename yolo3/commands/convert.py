@@ -39,12 +39,15 @@ from yolo3.model.resources import (
     default_anchor_masks,
     model_type_for_anchors,
     parse_anchor_masks,
+    parse_scale_x_y,
     parse_size,
     read_anchors,
 )
 
 # Settings of --to-darknet, as argparse names them.
-EXPORT_FLAGS = ("model_type", "num_classes", "anchors", "anchor_masks", "input_size")
+EXPORT_FLAGS = (
+    "model_type", "num_classes", "anchors", "anchor_masks", "scale_x_y", "input_size"
+)  # fmt: skip
 
 
 def build_parser():
@@ -101,6 +104,13 @@ def build_parser():
         metavar="MASKS",
         help="anchors per head, largest stride first, e.g. '3,4,5 0,1,2' (default: Darknet's "
         "for the anchor count; the original keras-yolo3's for its .h5 files)",
+    )
+    export.add_argument(
+        "--scale-x-y",
+        type=argument_type(parse_scale_x_y),
+        metavar="S",
+        help="grid sensitivity, one value or one per head, largest stride first, written as "
+        "each [yolo]'s scale_x_y (default: what the file records, else 1)",
     )
     export.add_argument(
         "--input-size",
@@ -207,6 +217,7 @@ def _export_settings(args):
         "input_hw": tuple(int(size) for size in input_size),
         "anchors": anchors,
         "anchor_masks": [list(mask) for mask in masks],
+        "scale_x_y": args.scale_x_y or metadata.get("scale_x_y"),
     }
 
 

@@ -32,7 +32,9 @@ from yolo3.model.network import build_model
 from yolo3.model.resources import (
     default_anchor_masks,
     model_type_for_anchors,
+    parse_scale_x_y,
     read_anchors,
+    scale_x_y_per_head,
     shipped_anchors,
 )
 
@@ -85,6 +87,7 @@ class RunSetup:
     global_batch: int  # images per optimizer step: replicas x batch size x micro-batches
     model_type: str
     anchor_masks: tuple  # the anchor indices of each output level, largest stride first
+    scale_x_y: tuple  # the grid sensitivity of each output level, largest stride first
     precision: str  # the Keras policy name, e.g. "mixed_bfloat16"
     communication: object  # a yolo3.comm.schemes.Communication
     sync_bn: bool
@@ -124,6 +127,7 @@ class RunSetup:
             "classes": self.data.classes,
             "anchors": np.asarray(self.data.anchors).tolist(),
             "anchor_masks": [list(mask) for mask in self.anchor_masks],
+            "scale_x_y": list(self.scale_x_y),
             "input_size": list(self.data.input_hw),
         }
 
@@ -194,6 +198,9 @@ def resolve_setup(config, strategy, info, data):
     if config.weights:
         check_model_type(model_type, config.weights)  # before any model is built
     anchor_masks = default_anchor_masks(len(anchors))
+    scale_x_y = scale_x_y_per_head(
+        config.scale_x_y and parse_scale_x_y(config.scale_x_y), len(anchor_masks)
+    )
     precision = keras.mixed_precision.global_policy().name
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)
@@ -218,6 +225,7 @@ def resolve_setup(config, strategy, info, data):
         global_batch=global_batch,
         model_type=model_type,
         anchor_masks=anchor_masks,
+        scale_x_y=scale_x_y,
         precision=precision,
         communication=communication,
         sync_bn=sync_bn,
@@ -264,6 +272,7 @@ def build_trainer(config, setup, strategy, log):
             anchors=data.anchors,
             num_classes=len(data.classes),
             anchor_masks=setup.anchor_masks,
+            scale_x_y=setup.scale_x_y,
             ignore_thresh=config.ignore_thresh,
             iou_thresh=config.iou_thresh,
             loss_options=config.loss_options(),

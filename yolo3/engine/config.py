@@ -29,6 +29,7 @@ from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
+from yolo3.model.resources import parse_scale_x_y
 from yolo3.model.targets import IOU_THRESH
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
 
@@ -129,6 +130,15 @@ class TrainConfig:
         help="also assign a box to every anchor whose IoU with it is above this "
         "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only, as YOLOv3)",
     )
+    scale_x_y: str | None = setting(
+        None,
+        group="model",
+        flag="--scale-x-y",
+        metavar="S",
+        help="grid sensitivity: a centre's offset in its cell is sigmoid(t) S - (S - 1) / 2, "
+        "one value or one per head, largest stride first (AlexeyAB Darknet's scale_x_y; "
+        "default 1, YOLOv3's); checkpoints record it, and detection follows",
+    )
     # The loss's terms, named as AlexeyAB Darknet's [yolo] keys (yolo3.model.loss).
     iou_loss: str = setting(
         LossOptions.iou_loss,
@@ -178,7 +188,8 @@ class TrainConfig:
         metavar="MINUTES",
         help="fit the run to MINUTES of wall time: after each epoch, as many more epochs as "
         "the time left holds at the last epoch's pace (at most --epochs), the learning-rate "
-        "schedule stretched or shortened to match",
+        "schedule stretched or shortened to match. A budget shorter than one epoch still "
+        "trains one whole epoch: the plan starts after the first",
     )
     ema: float = setting(
         0.0,
@@ -437,6 +448,8 @@ class TrainConfig:
         self.communication(self.mixed_precision)
         self.loss_options()
         self.ema_settings()
+        if self.scale_x_y is not None:
+            parse_scale_x_y(self.scale_x_y)
 
     def ema_settings(self):
         """``(decay, warmup)`` of the weights' moving average, or None when ``--ema`` is 0

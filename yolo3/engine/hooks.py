@@ -123,6 +123,8 @@ def build_callbacks(
             split=map_source[1],
             anchors=metadata["anchors"],
             class_names=metadata["classes"],
+            anchor_masks=metadata["anchor_masks"],
+            scale_x_y=metadata["scale_x_y"],
             every=config.map_every,
             tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
             log=log,

@@ -28,7 +28,7 @@ from yolo3.engine.step import StepFunctions, accumulated_step
 from yolo3.model.loss import IGNORE_THRESH, LossOptions, loss_terms, replica_loss, yolo_loss
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
-from yolo3.model.resources import default_anchor_masks
+from yolo3.model.resources import default_anchor_masks, scale_x_y_per_head
 from yolo3.model.targets import IOU_THRESH, build_targets
 
 # Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
@@ -183,6 +183,8 @@ class YoloTrainer(StepFunctions, keras.Model):
         anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
         num_classes: number of classes.
         anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+        scale_x_y: grid sensitivity, one number or one per level (None: 1, YOLOv3's); see
+            :func:`yolo3.model.loss.cell_offsets`. Detection must decode with the same.
         ignore_thresh: IoU above which a background prediction is not penalised.
         iou_thresh: a box is also assigned to every anchor whose centred IoU with it is
             above this (AlexeyAB Darknet's ``iou_thresh``; default
@@ -228,6 +230,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         anchors,
         num_classes,
         anchor_masks=None,
+        scale_x_y=None,
         ignore_thresh=IGNORE_THRESH,
         iou_thresh=IOU_THRESH,
         loss_options=None,
@@ -261,6 +264,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         self.anchor_masks = tuple(
             tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
         )
+        self.scale_x_y = scale_x_y_per_head(scale_x_y, len(self.anchor_masks), "scale_x_y")
         self.ignore_thresh = float(ignore_thresh)
         self.iou_thresh = float(iou_thresh)
         self.loss_options = loss_options or LossOptions()
@@ -387,6 +391,7 @@ class YoloTrainer(StepFunctions, keras.Model):
             num_classes=self.num_classes,
             ignore_thresh=self.ignore_thresh,
             anchor_masks=self.anchor_masks,
+            scale_x_y=self.scale_x_y,
             true_boxes=boxes,
             **dataclasses.asdict(self.loss_options),
         )

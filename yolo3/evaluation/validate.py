@@ -118,7 +118,15 @@ def source_classes(source, classes_path=None):
 
 
 def evaluate_model(
-    model, source, *, anchors, class_names, anchor_masks=None, resampling="bicubic", **options
+    model,
+    source,
+    *,
+    anchors,
+    class_names,
+    anchor_masks=None,
+    scale_x_y=None,
+    resampling="bicubic",
+    **options,
 ):
     """Detects with a Keras model on every image of ``source`` and scores the detections.
 
@@ -128,6 +136,7 @@ def evaluate_model(
         anchors: ``(num_anchors, 2)`` in input pixels.
         class_names: names, index = class id.
         anchor_masks: anchors per head, largest stride first (default for the anchor count).
+        scale_x_y: grid sensitivity per head or one number (None: 1), as trained.
         resampling: how images are letterboxed (see :class:`yolo3.inference.detect.Detector`); a
             record set's images are already at the input size.
         **options: :func:`evaluate_detector`'s keywords.
@@ -145,6 +154,7 @@ def evaluate_model(
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
         anchor_masks=anchor_masks,
+        scale_x_y=scale_x_y,
         resampling=resampling,
     )
     return evaluate_detector(detector, source, **options)
@@ -227,6 +237,7 @@ def evaluate_coco_json(
     anchors,
     class_names,
     anchor_masks=None,
+    scale_x_y=None,
     resampling="bicubic",
     batch_size=16,
     limit=None,
@@ -270,6 +281,7 @@ def evaluate_coco_json(
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
         anchor_masks=anchor_masks,
+        scale_x_y=scale_x_y,
         resampling=resampling,
     )
     image_ids = sorted(coco_truth.getImgIds())[:limit]

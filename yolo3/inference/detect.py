@@ -24,6 +24,7 @@ from yolo3.model.network import build_model, head_layer_names
 from yolo3.model.resources import (
     DARKNET_INPUT_SIZE,
     default_anchor_masks,
+    scale_x_y_per_head,
 )
 
 NUM_HEADS = {"yolov3": 3, "tiny": 2}
@@ -52,6 +53,9 @@ class Detector:
             preprocessing and the original keras-yolo3) or ``"darknet"`` (Darknet's own
             resize, :func:`yolo3.data.image.letterbox_darknet`); default: ``"darknet"`` for
             weights converted from Darknet, else ``"bicubic"``.
+        scale_x_y: grid sensitivity, one number or one per head (see
+            :func:`yolo3.inference.postprocess.decode_heads`); default: what the weights file
+            records, else 1 (YOLOv3's).
 
     Raises:
         ValueError naming both class counts when the weights were trained for a different
@@ -71,6 +75,7 @@ class Detector:
         max_detections=100,
         anchor_masks=None,
         resampling=None,
+        scale_x_y=None,
     ):
         weights_path = str(weights_path)
         # One home for "an argument, else the file's metadata, else Darknet's default".
@@ -82,6 +87,7 @@ class Detector:
             input_size=input_size,
             anchor_masks=anchor_masks,
             resampling=resampling,
+            scale_x_y=scale_x_y,
             fallbacks={"input_size": DARKNET_INPUT_SIZE},
         )
         anchors, class_names = spec.anchor_array, list(spec.class_names)
@@ -111,6 +117,7 @@ class Detector:
             max_detections=max_detections,
             anchor_masks=anchor_masks,
             resampling=spec.resampling,
+            scale_x_y=spec.scale_x_y,
         )
 
     @classmethod
@@ -126,6 +133,7 @@ class Detector:
         max_detections=100,
         anchor_masks=None,
         resampling="bicubic",
+        scale_x_y=None,
     ):
         """A detector around an already built (and loaded) Keras model.
 
@@ -153,6 +161,7 @@ class Detector:
             max_detections=max_detections,
             anchor_masks=_resolve_masks(anchors, anchor_masks, None),
             resampling=resampling,
+            scale_x_y=scale_x_y,
         )
         return detector
 
@@ -168,6 +177,7 @@ class Detector:
         max_detections,
         anchor_masks,
         resampling,
+        scale_x_y,
     ):
         if resampling not in RESAMPLING:
             raise ValueError(f"resampling {resampling!r}: use one of {RESAMPLING}")
@@ -188,6 +198,7 @@ class Detector:
         self.anchors = np.asarray(anchors, dtype=np.float32)
         self.class_names = class_names
         self.anchor_masks = anchor_masks
+        self.scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks), "scale_x_y")
         if isinstance(input_size, int):
             input_size = (input_size, input_size)
         self.input_hw = tuple(int(v) for v in input_size)
@@ -222,6 +233,7 @@ class Detector:
             image_hw,
             self.input_hw,
             anchor_masks=self.anchor_masks,
+            scale_x_y=self.scale_x_y,
             score_threshold=self.score_threshold,
             iou_threshold=self.iou_threshold,
             max_detections=self.max_detections,

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from yolo3.data.image import RESAMPLING
+from yolo3.model.resources import scale_x_y_per_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,8 @@ class DetectorSpec:
     """Everything besides the weights that turns a network's heads into detections.
 
     ``anchors`` is ``(num_anchors, 2)`` in input pixels, ``anchor_masks`` the anchors of each
-    head (largest stride first), ``input_hw`` the network input ``(height, width)``.
+    head (largest stride first), ``input_hw`` the network input ``(height, width)``,
+    ``scale_x_y`` the grid sensitivity of each head (None: 1 for every head, YOLOv3's).
     """
 
     model_type: str
@@ -29,8 +31,11 @@ class DetectorSpec:
     score_threshold: float = 0.3
     iou_threshold: float = 0.45
     max_detections: int = 100
+    scale_x_y: tuple | None = None
 
     def __post_init__(self):
+        scales = scale_x_y_per_head(self.scale_x_y, len(self.anchor_masks), "scale_x_y")
+        object.__setattr__(self, "scale_x_y", scales)
         if self.resampling not in RESAMPLING:
             raise ValueError(f"resampling {self.resampling!r}: use one of {RESAMPLING}")
         if any(int(v) % 32 or int(v) < 32 for v in self.input_hw):
@@ -59,6 +64,7 @@ class DetectorSpec:
             "score_threshold": self.score_threshold,
             "iou_threshold": self.iou_threshold,
             "max_detections": self.max_detections,
+            "scale_x_y": list(self.scale_x_y),
         }
 
     @classmethod
@@ -73,6 +79,7 @@ class DetectorSpec:
             score_threshold=float(data["score_threshold"]),
             iou_threshold=float(data["iou_threshold"]),
             max_detections=int(data["max_detections"]),
+            scale_x_y=data.get("scale_x_y"),  # artifacts from before it: YOLOv3's 1
         )
 
 
@@ -85,6 +92,7 @@ def spec_for_weights(
     input_size=None,
     anchor_masks=None,
     resampling=None,
+    scale_x_y=None,
     score_threshold=0.3,
     iou_threshold=0.45,
     max_detections=100,
@@ -165,6 +173,7 @@ def spec_for_weights(
         score_threshold=score_threshold,
         iou_threshold=iou_threshold,
         max_detections=max_detections,
+        scale_x_y=scale_x_y if scale_x_y is not None else metadata.get("scale_x_y"),
     )
 
 

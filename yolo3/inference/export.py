@@ -106,6 +106,7 @@ def serving_function(model, spec, outputs):
             image_hw,
             spec.input_hw,
             anchor_masks=spec.anchor_masks,
+            scale_x_y=spec.scale_x_y,
         )
 
     if outputs == "candidates":

@@ -11,7 +11,8 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 
 import tensorflow as tf
 
-from yolo3.model.resources import default_anchor_masks
+from yolo3.model.loss import cell_offsets
+from yolo3.model.resources import default_anchor_masks, scale_x_y_per_head
 
 
 def _as_hw(size):
@@ -41,7 +42,7 @@ def _check_heads(outputs, anchors, anchor_masks, num_classes):
             )
 
 
-def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
+def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw, scale_x_y=None):
     """Decodes raw heads into boxes and per-class scores.
 
     Args:
@@ -52,21 +53,24 @@ def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
             ``((6, 7, 8), (3, 4, 5), (0, 1, 2))``.
         num_classes: number of classes C.
         input_hw: ``(height, width)`` of the network input in pixels (or one int).
+        scale_x_y: grid sensitivity, one number or one per head (None: 1, YOLOv3's).
 
     Returns:
         ``boxes`` ``(N, total_boxes, 4)`` float32, ``x_min, y_min, x_max, y_max`` in
         letterboxed input pixels, and ``scores`` ``(N, total_boxes, C)`` float32,
         ``sigmoid(objectness) * sigmoid(class logit)``, where
         ``total_boxes = sum_l H_l * W_l * len(mask_l)``. The box centre is
-        ``(sigmoid(t_xy) + cell) / grid_size * input_size`` and its size
+        ``(offset + cell) / grid_size * input_size``, the offset ``sigmoid(t_xy) * s - (s -
+        1) / 2`` (:func:`yolo3.model.loss.cell_offsets`), and its size
         ``exp(t_wh) * anchor``.
     """
     anchors = tf.convert_to_tensor(anchors, tf.float32)
     _check_heads(outputs, anchors, anchor_masks, num_classes)
     input_h, input_w = _as_hw(input_hw)
     input_wh = tf.cast(tf.stack([input_w, input_h]), tf.float32)
+    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
     all_boxes, all_scores = [], []
-    for output, mask in zip(outputs, anchor_masks, strict=True):
+    for output, mask, scale in zip(outputs, anchor_masks, scale_x_y, strict=True):
         # Mixed-precision models emit float16; exp and sigmoid need float32 headroom.
         output = tf.cast(output, tf.float32)
         shape = tf.shape(output)
@@ -80,7 +84,7 @@ def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw):
         grid_wh = tf.cast(tf.stack([grid_w, grid_h]), tf.float32)
         level_anchors = tf.gather(anchors, list(mask))  # (num_level_anchors, 2)
 
-        centre = (tf.sigmoid(output[..., 0:2]) + cell) / grid_wh * input_wh
+        centre = (cell_offsets(output[..., 0:2], scale) + cell) / grid_wh * input_wh
         size = tf.exp(output[..., 2:4]) * level_anchors
         boxes = tf.concat([centre - size / 2, centre + size / 2], axis=-1)
         scores = tf.sigmoid(output[..., 4:5]) * tf.sigmoid(output[..., 5:])
@@ -186,6 +190,7 @@ def postprocess(
     input_hw,
     *,
     anchor_masks=None,
+    scale_x_y=None,
     score_threshold=0.3,
     iou_threshold=0.45,
     max_detections=100,
@@ -200,6 +205,7 @@ def postprocess(
             a batch may differ in size.
         input_hw: ``(height, width)`` of the network input (or one int).
         anchor_masks: anchors per head; default :func:`yolo3.model.resources.default_anchor_masks`.
+        scale_x_y: grid sensitivity per head, or one number (None: 1); see :func:`decode_heads`.
         score_threshold, iou_threshold, max_detections: see :func:`batched_nms`.
 
     Returns:
@@ -209,7 +215,13 @@ def postprocess(
         ``num_detections[i]`` are zero padding.
     """
     boxes, scores = decode_to_image(
-        outputs, anchors, num_classes, image_hw, input_hw, anchor_masks=anchor_masks
+        outputs,
+        anchors,
+        num_classes,
+        image_hw,
+        input_hw,
+        anchor_masks=anchor_masks,
+        scale_x_y=scale_x_y,
     )
     return batched_nms(
         boxes,
@@ -220,7 +232,9 @@ def postprocess(
     )
 
 
-def decode_to_image(outputs, anchors, num_classes, image_hw, input_hw, *, anchor_masks=None):
+def decode_to_image(
+    outputs, anchors, num_classes, image_hw, input_hw, *, anchor_masks=None, scale_x_y=None
+):
     """Raw heads of a letterboxed batch -> every candidate box in original pixels, before NMS.
 
     The first half of :func:`postprocess` (whose arguments these are), for engines that run
@@ -233,7 +247,7 @@ def decode_to_image(outputs, anchors, num_classes, image_hw, input_hw, *, anchor
     """
     if anchor_masks is None:
         anchor_masks = default_anchor_masks(int(tf.convert_to_tensor(anchors).shape[0]))
-    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw)
+    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw, scale_x_y)
     boxes = undo_letterbox(boxes, image_hw, input_hw)
     # A box lying wholly in the letterbox padding clips to zero width or height; it covers
     # no pixel of the image, so it must not survive as a detection.

@@ -51,6 +51,7 @@ def load_detector(path, *, num_threads=None, **settings):
             max_detections=spec.max_detections,
             anchor_masks=spec.anchor_masks,
             resampling=spec.resampling,
+            scale_x_y=spec.scale_x_y,
         )
     return ArtifactDetector(path, engine=engine, num_threads=num_threads, **settings)
 
@@ -215,6 +216,7 @@ def _host_postprocess(spec, outputs):
             image_hw,
             spec.input_hw,
             anchor_masks=spec.anchor_masks,
+            scale_x_y=spec.scale_x_y,
             **thresholds,
         ),
         input_signature=[

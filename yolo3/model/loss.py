@@ -34,7 +34,7 @@ import math
 import tensorflow as tf
 from keras import ops
 
-from yolo3.model.resources import default_anchor_masks
+from yolo3.model.resources import SCALE_X_Y, default_anchor_masks, scale_x_y_per_head
 
 # Darknet's ignore_thresh in every [yolo] layer of yolov3.cfg and yolov3-tiny.cfg. The
 # original keras-yolo3 used .5 for YOLOv3 (and .7 for tiny); training here follows Darknet,
@@ -54,6 +54,16 @@ def _cell_grid(grid_h, grid_w):
     columns, rows = ops.meshgrid(ops.arange(grid_w), ops.arange(grid_h))
     grid = ops.stack([columns, rows], axis=-1)
     return ops.cast(ops.expand_dims(grid, 2), "float32")
+
+
+def cell_offsets(xy_logits, scale_x_y=SCALE_X_Y):
+    """A box centre's offset in its cell, ``sigmoid(t) * s - (s - 1) / 2``
+    (:data:`yolo3.model.resources.SCALE_X_Y`), from the raw ``t_xy`` logits (any shape,
+    float32) and one head's ``scale_x_y`` (a Python float; 1 is YOLOv3's ``sigmoid(t)``)."""
+    offsets = ops.sigmoid(xy_logits)
+    if scale_x_y == 1.0:
+        return offsets
+    return offsets * scale_x_y - 0.5 * (scale_x_y - 1.0)
 
 
 def _box_corners(xywh):
@@ -204,6 +214,7 @@ def yolo_loss(
     obj_normalizer=1.0,
     cls_normalizer=1.0,
     label_smoothing=0.0,
+    scale_x_y=None,
 ):
     """Per-image YOLOv3 loss.
 
@@ -233,6 +244,10 @@ def yolo_loss(
             objectness and class terms (AlexeyAB Darknet's ``[yolo]`` keys).
         label_smoothing: class targets ``y (1 - eps) + eps / 2`` (AlexeyAB Darknet's
             ``label_smooth_eps``): 1 becomes ``1 - eps / 2``, 0 becomes ``eps / 2``.
+        scale_x_y: grid sensitivity, one number or one per level (AlexeyAB Darknet's
+            ``scale_x_y``; None or 1 is YOLOv3's): the predicted centre's offset in its cell
+            is :func:`cell_offsets`. With ``mse`` the xy term's targets move into the
+            sigmoid's range to match, ``(offset + (s - 1) / 2) / s``.
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
@@ -241,6 +256,7 @@ def yolo_loss(
     names = loss_terms(iou_loss)
     anchors = ops.convert_to_tensor(anchors, "float32")
     anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
+    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
     if len(y_true) != len(anchor_masks) or len(y_pred) != len(anchor_masks):
         raise ValueError(
             f"{len(anchor_masks)} output levels expected from the anchor masks; got "
@@ -277,7 +293,8 @@ def yolo_loss(
         true_wh = ops.where(object_mask > 0, ops.log(ops.maximum(wh_ratio, 1e-9)), 0.0)
         box_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
 
-        pred_xy = (ops.sigmoid(raw[..., 0:2]) + grid) / grid_wh
+        scale = scale_x_y[level]
+        pred_xy = (cell_offsets(raw[..., 0:2], scale) + grid) / grid_wh
         pred_wh = ops.exp(ops.minimum(raw[..., 2:4], _MAX_LOG_SCALE)) * level_anchors / input_wh
         pred_boxes = ops.reshape(ops.concatenate([pred_xy, pred_wh], axis=-1), (batch, -1, 4))
         best_iou = ops.max(box_iou(ops.stop_gradient(pred_boxes), true_boxes), axis=-1)
@@ -297,7 +314,9 @@ def yolo_loss(
         }
         if iou_loss == "mse":
             box_weight = iou_normalizer * object_mask * box_scale
-            level_terms["xy"] = box_weight * _sigmoid_bce(true_xy, raw[..., 0:2])
+            # The sigmoid that cell_offsets scales reaches the true offset at this value.
+            xy_target = (true_xy + 0.5 * (scale - 1.0)) / scale
+            level_terms["xy"] = box_weight * _sigmoid_bce(xy_target, raw[..., 0:2])
             level_terms["wh"] = box_weight * 0.5 * ops.square(true_wh - raw[..., 2:4])
         else:
             pixels = ops.concatenate([input_wh, input_wh], axis=0)

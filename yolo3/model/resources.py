@@ -74,6 +74,43 @@ def parse_anchor_masks(text, source="--anchor-masks"):
     return masks
 
 
+# Grid sensitivity (AlexeyAB Darknet's ``scale_x_y`` of each [yolo] section): a box centre's
+# offset in its cell is ``sigmoid(t) * s - (s - 1) / 2``, which reaches the cell's edges (0
+# and 1) at finite logits when s > 1. 1 is YOLOv3's ``sigmoid(t)``.
+SCALE_X_Y = 1.0
+
+
+def parse_scale_x_y(text, source="--scale-x-y"):
+    """Parses ``"1.05"`` (every head) or ``"1.05,1.1"`` (one per head, largest stride first)
+    into a tuple of floats, each at least 1."""
+    try:
+        values = tuple(float(part) for part in str(text).split(","))
+    except ValueError:
+        raise ValueError(
+            f"{source} {text!r}: expected a number, or one per head separated by commas, "
+            "e.g. 1.05 or 1.05,1.1"
+        ) from None
+    if not all(np.isfinite(values)) or min(values) < 1.0:
+        raise ValueError(f"{source} {text!r}: every value must be at least 1 (1 is YOLOv3's)")
+    return values
+
+
+def scale_x_y_per_head(scale_x_y, num_heads, source="--scale-x-y"):
+    """``scale_x_y`` (None, a number, or one number per head) as a tuple of ``num_heads``
+    floats, largest stride first."""
+    if scale_x_y is None:
+        return (SCALE_X_Y,) * num_heads
+    values = (float(scale_x_y),) if np.isscalar(scale_x_y) else tuple(map(float, scale_x_y))
+    if len(values) == 1:
+        values *= num_heads
+    if len(values) != num_heads:
+        raise ValueError(
+            f"{source} {','.join(f'{v:g}' for v in values)}: give one value, or one per head "
+            f"({num_heads} here, largest stride first)"
+        )
+    return values
+
+
 def parse_anchors(text, source="anchors"):
     """Parses ``w,h, w,h, ...`` text into a float32 array of shape (num_anchors, 2)."""
     fields = [field.strip() for field in text.replace("\n", ",").split(",") if field.strip()]
