@@ -17,6 +17,7 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`FreezeSchedule`: trains with frozen layers for some epochs, then unfreezes them.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
 - :class:`TimeBudget`: fits the run's epochs and learning-rate schedule to ``--time``.
+- :class:`CloseMosaic`: the last epochs read no mosaic records (``--close-mosaic``).
 - :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 
@@ -33,7 +34,7 @@ from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .record_check import RecordSetCheck
-from .schedule import FreezeSchedule, PlateauScale, TimeBudget
+from .schedule import CloseMosaic, FreezeSchedule, PlateauScale, TimeBudget
 
 __all__ = [
     "BEST",
@@ -45,6 +46,7 @@ __all__ = [
     "PREEMPTED_STATUS",
     "PlateauScale",
     "TimeBudget",
+    "CloseMosaic",
     "Preemption",
     "ProgressLines",
     "RecordSetCheck",

@@ -1,5 +1,5 @@
-"""Changing what trains and how fast during ``model.fit``: freezing, plateau decay and a
-time budget."""
+"""Changing what trains and how fast during ``model.fit``: freezing, plateau decay, a
+time budget and the end of mosaics."""
 
 import math
 import time
@@ -155,3 +155,33 @@ class TimeBudget(keras.callbacks.Callback):
         self.plan = plan
         if done >= plan:
             self.model.stop_training = True
+
+
+class CloseMosaic(keras.callbacks.Callback):
+    """The last ``close`` epochs read no mosaic records (``--close-mosaic``, Ultralytics'
+    ``close_mosaic``): the detector ends on images as it will see them.
+
+    ``switch`` is the boolean variable the training split's filter reads
+    (:func:`yolo3.data.pipeline.make_dataset`'s ``mosaic``). Its state follows from the epoch
+    number alone, so a resumed run reads what an uninterrupted one would. The run's length is
+    ``epochs``, or the plan of ``budget`` (a :class:`TimeBudget`) once it has one.
+    """
+
+    def __init__(self, switch, *, epochs, close, budget=None, log=None):
+        super().__init__()
+        self.switch = switch
+        self.epochs = int(epochs)
+        self.close = int(close)
+        self.budget = budget
+        self.log = log
+        self.on = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        planned = self.budget.plan if self.budget is not None and self.budget.plan else None
+        on = epoch < (planned or self.epochs) - self.close
+        if on != self.on:
+            self.switch.assign(on)
+            if self.log and (self.on is not None or not on):
+                state = "mosaic records in" if on else "no mosaic records from here on"
+                self.log(f"epoch {epoch + 1}: {state} (--close-mosaic {self.close})")
+            self.on = on

@@ -7,6 +7,7 @@ import types
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import SMALL_ANCHORS
 from tensorflow.python.data.ops import multi_device_iterator_ops
 from test_progress import FakeClock
@@ -367,3 +368,34 @@ def test_a_time_budget_plans_epochs_at_the_last_pace(monkeypatch):
     clock.now = 10.0
     budget.on_epoch_end(0)
     assert budget.plan == 4 and lines[-1].startswith("time budget: 4 epochs planned (--epochs caps")
+
+
+def test_close_mosaic_turns_mosaics_off_for_the_last_epochs_of_the_run_or_its_plan():
+    from yolo3.callbacks import CloseMosaic
+
+    switch = tf.Variable(True)
+    lines = []
+    close = CloseMosaic(switch, epochs=6, close=2, log=lines.append)
+    states = []
+    for epoch in range(6):
+        close.on_epoch_begin(epoch)
+        states.append(bool(switch.numpy()))
+    assert states == [True, True, True, True, False, False]
+    assert lines == ["epoch 5: no mosaic records from here on (--close-mosaic 2)"]
+    # A run resumed in its last epoch reads no mosaics from its first step.
+    switch.assign(True)
+    CloseMosaic(switch, epochs=6, close=2).on_epoch_begin(5)
+    assert not bool(switch.numpy())
+    # Under --time the plan sets the end: planned 4 epochs, mosaics end after epoch 2; a
+    # longer plan later turns them back on.
+    budget = types.SimpleNamespace(plan=None)
+    close = CloseMosaic(switch, epochs=50, close=2, budget=budget, log=lines.append)
+    close.on_epoch_begin(0)
+    assert bool(switch.numpy())
+    budget.plan = 4
+    close.on_epoch_begin(2)
+    assert not bool(switch.numpy())
+    budget.plan = 9
+    close.on_epoch_begin(3)
+    assert bool(switch.numpy())
+    assert lines[-1] == "epoch 4: mosaic records in (--close-mosaic 2)"

@@ -10,9 +10,11 @@
 (:mod:`yolo3.data.formats`); its class names and validation split come with it.
 
 Each image yields one clean letterboxed copy and ``--copies`` augmented ones (the original
-keras-yolo3 augmentation: aspect jitter, scale, placement on gray, flip, HSV). The
-validation split is written clean only. Bad lines, boxes and images are skipped, counted in
-``manifest.json`` and listed in ``rejects.txt``; ``--strict`` makes any of them an error.
+keras-yolo3 augmentation: aspect jitter, scale, placement on gray, flip, HSV); with
+``--mosaic P`` each augmented copy is, with probability P, a mosaic of the image and 3
+others instead (:mod:`yolo3.data.mosaic`). The validation split is written clean only.
+Bad lines, boxes and images are skipped, counted in ``manifest.json`` and listed in
+``rejects.txt``; ``--strict`` makes any of them an error.
 
 A killed run is resumed by running the same command again. ``--verify DIR`` checks a
 finished record set. Paths may be local or any filesystem TensorFlow reads (``gs://``).
@@ -110,6 +112,14 @@ def build_parser():
     aug.add_argument("--hue", type=float, default=defaults.hue)
     aug.add_argument("--saturation", type=float, default=defaults.saturation)
     aug.add_argument("--value", type=float, default=defaults.value)
+    aug.add_argument(
+        "--mosaic",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="probability that an augmented copy is a mosaic of 4 training images, each "
+        "quarter augmented as above (needs 4 or more training images); default 0",
+    )
     run = parser.add_argument_group("running")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
@@ -153,8 +163,9 @@ def _summary(manifest, output):
     ]
     for split, info in manifest["splits"].items():
         stored = f" ({info['image_format']})" if "image_format" in info else ""
+        mosaics = f" ({info['mosaic_records']} mosaics)" if "mosaic_records" in info else ""
         lines.append(
-            f"  {split}: {info['images']} images -> {info['records']} records{stored}, "
+            f"  {split}: {info['images']} images -> {info['records']} records{mosaics}{stored}, "
             f"{info['boxes']} boxes, {len(info['shards'])} shards"
         )
     counts = {k: v for k, v in manifest["counts"].items() if v}

@@ -14,6 +14,8 @@ One augmented sample (``w, h`` the input size, ``iw, ih`` the image size, ``U`` 
 Boxes follow the pixels (``x * nw / iw + dx``, a flip maps ``x -> w - x``) and are clipped to
 the canvas; a box narrower or shorter than 1 px afterwards is marked ``keep = False``. Rows are
 never deleted, so callers can count drops and select class ids with the same mask.
+:func:`render_sample` is the same transform onto a canvas of another size than the input's
+(a quarter of a mosaic, :mod:`yolo3.data.mosaic`).
 
 Every random number comes from the caller's ``numpy.random.Generator``, eleven per sample in a
 fixed order, whatever the config: a seed gives the same sample on any machine and in any
@@ -125,7 +127,7 @@ def letterbox(image, boxes, input_hw):
     pixels = letterbox_image(image, input_hw)
     boxes = _clip(_as_boxes(boxes), image_hw)
     boxes = boxes * (scale_x, scale_y, scale_x, scale_y) + (offset_x, offset_y, offset_x, offset_y)
-    return (pixels, *_finish_boxes(boxes, input_hw, flip=False))
+    return (pixels, *_finish_boxes(boxes, input_hw))
 
 
 def random_augment(image, boxes, input_hw, rng, config=AugmentConfig()):
@@ -142,19 +144,45 @@ def random_augment(image, boxes, input_hw, rng, config=AugmentConfig()):
     Returns:
         ``(pixels, boxes, keep)`` as :func:`letterbox` returns them.
     """
+    input_hw = tuple(int(v) for v in input_hw)
+    pixels, boxes = render_sample(
+        image, boxes, rng.random(NUM_DRAWS), input_hw, canvas_hw=input_hw, config=config
+    )
+    return (pixels, *_finish_boxes(boxes, input_hw))
+
+
+def render_sample(image, boxes, draws, input_hw, canvas_hw, config):
+    """:func:`random_augment`'s transform, drawn from given uniforms, onto a canvas of any size.
+
+    The resized image's size is relative to ``input_hw`` (the network input) and its
+    placement, flip and padding are on ``canvas_hw``: a mosaic (:mod:`yolo3.data.mosaic`)
+    renders each quarter this way, so its objects keep the scale of plain augmented copies.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 RGB array (or a PIL image, converted to RGB).
+        boxes: ``(M, 4)`` float, ``x_min, y_min, x_max, y_max`` in image pixels; parts outside
+            the image are clipped away first.
+        draws: :data:`NUM_DRAWS` uniforms in [0, 1), in the order listed beside it.
+        input_hw: ``(input_h, input_w)`` of the network input in pixels.
+        canvas_hw: ``(canvas_h, canvas_w)`` of the output in pixels.
+        config: the ranges, an :class:`AugmentConfig`.
+
+    Returns:
+        ``(pixels, boxes)``: ``(canvas_h, canvas_w, 3)`` uint8 RGB, and ``(M, 4)`` float64
+        boxes in canvas pixels, flipped with the pixels but not clipped to the canvas.
+    """
     image = _as_pil(image)
-    input_h, input_w = (int(v) for v in input_hw)
+    canvas_h, canvas_w = (int(v) for v in canvas_hw)
     image_hw = (image.height, image.width)
-    draws = rng.random(NUM_DRAWS)
-    new_w, new_h, dx, dy = _random_geometry(draws, image_hw, (input_h, input_w), config)
+    new_w, new_h, dx, dy = _random_geometry(draws, image_hw, input_hw, (canvas_h, canvas_w), config)
 
     # Resize only the part of the resized image that lands on the canvas (Pillow samples the
     # whole source around a box, so edges are right), in two explicit one-axis passes:
     # horizontal, then vertical. One two-axis call lets Pillow pick the order, which differs
     # between a full resize and a box, and between versions, by up to ~20 levels on sharp
     # detail (the intermediate image is rounded and clipped to uint8).
-    x0, x1 = max(0, -dx), min(new_w, input_w - dx)
-    y0, y1 = max(0, -dy), min(new_h, input_h - dy)
+    x0, x1 = max(0, -dx), min(new_w, canvas_w - dx)
+    y0, y1 = max(0, -dy), min(new_h, canvas_h - dy)
     scale_x, scale_y = new_w / image.width, new_h / image.height
     visible = image.resize(
         (x1 - x0, image.height), Image.BICUBIC, box=(x0 / scale_x, 0, x1 / scale_x, image.height)
@@ -169,16 +197,18 @@ def random_augment(image, boxes, input_hw, rng, config=AugmentConfig()):
         # HSV jitter is per pixel, so the padding (one colour) is converted once, not per pixel.
         visible = jitter_hsv(visible, hue_shift, saturation_factor, value_factor)
         pad = jitter_hsv(pad, hue_shift, saturation_factor, value_factor)
-    pixels = np.empty((input_h, input_w, 3), np.uint8)
+    pixels = np.empty((canvas_h, canvas_w, 3), np.uint8)
     pixels[...] = pad
     pixels[y0 + dy : y1 + dy, x0 + dx : x1 + dx] = visible
-    flip = bool(draws[5] < config.flip)
-    if flip:
-        pixels = np.ascontiguousarray(pixels[:, ::-1])
 
     boxes = _clip(_as_boxes(boxes), image_hw)
     boxes = boxes * (scale_x, scale_y, scale_x, scale_y) + (dx, dy, dx, dy)
-    return (pixels, *_finish_boxes(boxes, (input_h, input_w), flip))
+    if draws[5] < config.flip:
+        pixels = np.ascontiguousarray(pixels[:, ::-1])
+        boxes = np.stack(
+            [canvas_w - boxes[:, 2], boxes[:, 1], canvas_w - boxes[:, 0], boxes[:, 3]], axis=1
+        )
+    return pixels, boxes
 
 
 def jitter_hsv(image, hue_shift, saturation_factor, value_factor):
@@ -289,9 +319,12 @@ def _hsv_to_rgb_planes(hue, saturation, value, out):
     return out
 
 
-def _random_geometry(draws, image_hw, input_hw, config):
+def _random_geometry(draws, image_hw, input_hw, canvas_hw, config):
+    """``(new_w, new_h, dx, dy)``: the resized size, relative to the input, and its offset on
+    the canvas (the input itself, or a mosaic's quarter)."""
     image_h, image_w = image_hw
     input_h, input_w = input_hw
+    canvas_h, canvas_w = canvas_hw
     low, high = 1.0 - config.jitter, 1.0 + config.jitter
     aspect = (image_w / image_h) * (low + draws[0] * (high - low)) / (low + draws[1] * (high - low))
     scale = config.scale[0] + draws[2] * (config.scale[1] - config.scale[0])
@@ -303,8 +336,8 @@ def _random_geometry(draws, image_hw, input_hw, config):
         new_h = int(new_w / aspect)
     new_w, new_h = max(new_w, 1), max(new_h, 1)
     # int() truncates towards zero, as the original did, also when the offset is negative.
-    dx = int(draws[3] * (input_w - new_w))
-    dy = int(draws[4] * (input_h - new_h))
+    dx = int(draws[3] * (canvas_w - new_w))
+    dy = int(draws[4] * (canvas_h - new_h))
     return new_w, new_h, dx, dy
 
 
@@ -317,12 +350,7 @@ def _colour_factors(draws, config):
     return hue_shift, saturation, value
 
 
-def _finish_boxes(boxes, input_hw, flip):
-    if flip:
-        input_w = int(input_hw[1])
-        boxes = np.stack(
-            [input_w - boxes[:, 2], boxes[:, 1], input_w - boxes[:, 0], boxes[:, 3]], axis=1
-        )
+def _finish_boxes(boxes, input_hw):
     boxes = _clip(boxes, input_hw)
     keep = (boxes[:, 2] - boxes[:, 0] >= 1.0) & (boxes[:, 3] - boxes[:, 1] >= 1.0)
     return boxes.astype(np.float32), keep

@@ -165,6 +165,7 @@ def make_dataset(
     repeat=None,
     deterministic=None,
     pass_batches=None,
+    mosaic=None,
 ):
     """Batches of images and per-level targets read from a record set.
 
@@ -202,6 +203,10 @@ def make_dataset(
         deterministic: order of the parallel reads and maps; None keeps the
             ``tf.data.Options`` default (deterministic). False is faster, but then the order
             and the flips no longer follow from the seed alone.
+        mosaic: a boolean ``tf.Variable`` read as records stream by: while False, mosaic
+            records (``yolo3 preprocess --mosaic``) are skipped (``--close-mosaic``). The
+            filter follows the shuffle, so a change reaches the batches after the few that
+            are already prefetched. None: every record.
 
     Returns:
         A ``tf.data.Dataset`` of the elements described in the module docstring.
@@ -241,6 +246,10 @@ def make_dataset(
         dataset = tf.data.TFRecordDataset(files)
     if repeat:
         dataset = dataset.repeat()
+    if mosaic is not None:
+        dataset = dataset.filter(
+            lambda serialized: tf.logical_or(mosaic, tf.logical_not(records.is_mosaic(serialized)))
+        )
 
     def parse(index, serialized):
         example = records.parse_example(serialized, image_format)

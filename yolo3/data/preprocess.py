@@ -10,6 +10,16 @@ the image's position in its split, copy)``, and the assignment of images to shar
 order of records inside a shard depend only on the seed. The output is therefore the same
 byte for byte whatever the number of workers, and a run can be resumed shard by shard.
 
+Mosaics (``mosaic`` > 0): each augmented training copy is a mosaic of the image and 3 others
+of its split with probability ``mosaic`` (:mod:`yolo3.data.mosaic`). Which copies, and
+which partners, is drawn in the main process when the shards are planned, from a generator
+of each copy's own (the copy's seed and :data:`MOSAIC_STREAM`), so ``mosaic`` 0 leaves the
+output as it was without the option; the mosaic itself is drawn from the copy's
+augmentation generator. The task of an image carries its partners' paths and boxes, since a
+worker sees one image at a time, and a shard's annotation digest covers them too. A
+partner that cannot be read leaves its quarter gray (``mosaic_partners_unreadable``; it is
+listed under its own line in ``rejects.txt``).
+
 Resumption: shards are written under a temporary name and renamed when complete; the
 shard's statistics follow in ``.progress/``, with a digest of the annotations it was rendered
 from. A second run with the same settings skips the finished shards whose annotations did
@@ -36,8 +46,9 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from yolo3 import fileio
 from yolo3.data import annotations as annotations_io
 from yolo3.data import hygiene
+from yolo3.data import mosaic as mosaic_ops
 from yolo3.data.augment import AugmentConfig, clip_boxes, letterbox, random_augment
-from yolo3.data.image import to_rgb
+from yolo3.data.image import PAD_VALUE, to_rgb
 from yolo3.distributed.devices import available_cores
 from yolo3.progress import counter
 
@@ -52,6 +63,10 @@ MIN_VAL_SHARDS = 2
 JPEG_BYTES_PER_PIXEL = 0.3
 PNG_BYTES_PER_PIXEL = 1.5
 VAL_FORMATS = ("lossless", "same")
+# The last word of a copy's mosaic seed, (seed, split id, ordinal, copy, MOSAIC_STREAM): a
+# stream apart from the copy's augmentation, (seed, split id, ordinal, copy). Not 0: NumPy's
+# SeedSequence pads short seeds with zeros, so a zero here could repeat the shorter seed.
+MOSAIC_STREAM = 0x6D6F73  # "mos"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +97,8 @@ class PreprocessConfig:
     num_shards: int | None = None
     image_root: str | None = None
     augment: AugmentConfig = AugmentConfig()
+    # The probability that an augmented training copy is a mosaic of 4 images.
+    mosaic: float = 0.0
 
     def __post_init__(self):
         height, width = self.input_size
@@ -107,12 +124,16 @@ class PreprocessConfig:
             raise ValueError("--annotations needs --classes, the classes file")
         if self.data and self.val_annotations:
             raise ValueError("--val-annotations goes with --annotations; --data names its splits")
+        if not 0.0 <= self.mosaic <= 1.0:  # written so, NaN is refused too
+            raise ValueError(f"--mosaic {self.mosaic} is a probability: give a value in [0, 1]")
 
     def fingerprint(self):
         """A JSON-able description of the settings, stored to refuse resuming a different run."""
         data = dataclasses.asdict(self)
         data["augment"] = dataclasses.asdict(self.augment)
         del data["output"]  # the same folder may be spelled differently
+        if not data["mosaic"]:
+            del data["mosaic"]  # runs from before the option resume as they were
         return json.loads(json.dumps(data))
 
 
@@ -134,6 +155,9 @@ class Task:
     image_format: str
     quality: int
     augment: AugmentConfig
+    # One item per augmented copy 1..copies: None for a plain copy, else the 3 partners
+    # (annotations.Entry) of a mosaic, top-right, bottom-left, bottom-right. Empty: no mosaics.
+    mosaic: tuple = ()
 
 
 def _open_image(path):
@@ -184,9 +208,9 @@ def process_image(task):
 
     Returns:
         ``(records, rejects, counts)``: a list of record dicts for
-        :func:`yolo3.data.records.serialize_example` (clean copy first), a list of
-        ``(reason, message)`` for the image or its boxes, and a Counter of conversions and
-        dropped boxes.
+        :func:`yolo3.data.records.serialize_example` (clean copy first; a mosaic's with
+        ``mosaic`` 1 and the boxes of all 4 tiles), a list of ``(reason, message)`` for the
+        image or its boxes, and a Counter of conversions, dropped boxes and mosaics.
     """
     counts = collections.Counter()
     where = f"{task.source}:{task.line}" if task.line else task.source
@@ -206,11 +230,8 @@ def process_image(task):
         return [], [("unreadable_image", message)], counts
     counts.update(notes)
     rejects = []
-    boxes, classes = task.boxes.reshape(-1, 4), task.classes.reshape(-1)
-    difficult = task.difficult.reshape(-1)
-    clipped, was_clipped = clip_boxes(boxes, image.shape[:2])
-    inside = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
-    for box in boxes[~inside]:
+    boxes, classes, difficult, was_clipped, inside = _boxes_inside(task, image)
+    for box in task.boxes.reshape(-1, 4)[~inside]:
         coords = ",".join(f"{v:g}" for v in box)
         message = (
             f"{where}: box {coords} lies outside the {image.shape[1]}x{image.shape[0]} image "
@@ -218,34 +239,80 @@ def process_image(task):
         )
         rejects.append(("box_outside_image", message))
     counts["boxes_clipped"] += int(np.sum(was_clipped & inside))
-    boxes, classes, difficult = clipped[inside], classes[inside], difficult[inside]
 
-    records = []
+    records, partner_images = [], {}
     for copy in range(task.copies + 1):
+        partners = task.mosaic[copy - 1] if copy and task.mosaic else None
+        out_classes, out_difficult = classes, difficult
+        # The copy's augmentation generator, which draws a mosaic's pixels too.
+        rng = np.random.default_rng((task.seed, SPLIT_IDS[task.split], task.ordinal, copy))
         if copy == 0:
             out_image, out_boxes, keep = letterbox(image, boxes, task.input_size)
-        else:
-            rng = np.random.default_rng((task.seed, SPLIT_IDS[task.split], task.ordinal, copy))
+            counts["boxes_dropped_clean"] += int(np.sum(~keep))
+        elif partners is None:
             out_image, out_boxes, keep = random_augment(
                 image, boxes, task.input_size, rng, task.augment
             )
-        dropped = int(np.sum(~keep))
-        counts["boxes_dropped_clean" if copy == 0 else "boxes_dropped_augmented"] += dropped
-        records.append(
-            {
-                "image": _encode(out_image, task.image_format, task.quality),
-                "format": task.image_format,
-                "height": task.input_size[0],
-                "width": task.input_size[1],
-                "boxes": np.asarray(out_boxes, np.float32)[keep],
-                "classes": classes[keep],
-                "difficult": difficult[keep],
-                "source": task.path,
-                "line": task.line,
-                "copy": copy,
-            }
-        )
+            counts["boxes_dropped_augmented"] += int(np.sum(~keep))
+        else:
+            tiles = [(image, boxes, classes, difficult)]
+            tiles += [_partner_tile(p, partner_images, counts) for p in partners]
+            sample = mosaic_ops.random_mosaic(
+                [tile[:2] for tile in tiles], task.input_size, rng, task.augment
+            )
+            out_image, out_boxes, keep = sample.pixels, sample.boxes, sample.keep
+            out_classes = np.concatenate([tile[2] for tile in tiles])
+            out_difficult = np.concatenate([tile[3] for tile in tiles])
+            counts["boxes_dropped_mosaic"] += int(np.sum(~keep))
+            counts["mosaic_records"] += 1
+        record = {
+            "image": _encode(out_image, task.image_format, task.quality),
+            "format": task.image_format,
+            "height": task.input_size[0],
+            "width": task.input_size[1],
+            "boxes": np.asarray(out_boxes, np.float32)[keep],
+            "classes": out_classes[keep],
+            "difficult": out_difficult[keep],
+            "source": task.path,
+            "line": task.line,
+            "copy": copy,
+        }
+        if partners is not None:
+            record["mosaic"] = 1
+        records.append(record)
     return records, rejects, counts
+
+
+def _boxes_inside(entry, image):
+    """``entry``'s boxes clipped to ``image``, those left inside it and their classes and
+    flags: ``(boxes, classes, difficult, was_clipped, inside)``, the last two ``(M,)`` bool
+    masks over the entry's boxes."""
+    boxes, classes = entry.boxes.reshape(-1, 4), entry.classes.reshape(-1)
+    difficult = entry.difficult.reshape(-1)
+    clipped, was_clipped = clip_boxes(boxes, image.shape[:2])
+    inside = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+    return clipped[inside], classes[inside], difficult[inside], was_clipped, inside
+
+
+def _partner_tile(entry, cache, counts):
+    """``(image, boxes, classes, difficult)`` of a mosaic partner, decoded once per task.
+
+    Its conversions, clipped boxes and rejects are counted by its own task, not here; an
+    image that cannot be read is a one-pixel gray stand-in without boxes (its quarter stays
+    gray), counted as ``mosaic_partners_unreadable``.
+    """
+    if entry.path not in cache:
+        try:
+            cache[entry.path], _ = _open_image(entry.path)
+        except Exception:  # noqa: BLE001 - its own task lists why; here it is one gray quarter
+            cache[entry.path] = None
+    image = cache[entry.path]
+    if image is None:
+        counts["mosaic_partners_unreadable"] += 1
+        gray = np.full((1, 1, 3), PAD_VALUE, np.uint8)
+        return gray, np.zeros((0, 4)), np.zeros(0, np.int64), np.zeros(0, bool)
+    boxes, classes, difficult, _, _ = _boxes_inside(entry, image)
+    return image, boxes, classes, difficult
 
 
 def plan_shards(num_items, num_records_per_item, config, split):
@@ -337,10 +404,14 @@ def load_dataset(config):
 
 
 def _shard_plan(dataset, config):
-    """``[(split, shard_index, num_shards, [(ordinal, entry), ...]), ...]``, from the seed only."""
+    """``[(split, shard_index, num_shards, [(ordinal, entry, partners), ...]), ...]``, from
+    the seed only; ``partners`` as :attr:`Task.mosaic` holds them (:func:`_mosaic_partners`)."""
     plan = []
     for split, entries in dataset.splits.items():
-        items = list(enumerate(entries))
+        items = [
+            (ordinal, entry, _mosaic_partners(config, split, ordinal, entries))
+            for ordinal, entry in enumerate(entries)
+        ]
         copies = config.copies if split == "train" else 0
         if split == "train":
             order = np.random.default_rng((config.seed, SPLIT_IDS[split])).permutation(len(items))
@@ -351,10 +422,25 @@ def _shard_plan(dataset, config):
     return plan
 
 
+def _mosaic_partners(config, split, ordinal, entries):
+    """The mosaic partners of each augmented copy of ``entries[ordinal]``: a tuple with one
+    item per copy 1..copies, None for a plain copy or a tuple of 3 other entries of the
+    split; empty when the split has no mosaics (validation, ``mosaic`` 0)."""
+    if split != "train" or not config.mosaic:
+        return ()
+    partners = []
+    for copy in range(1, config.copies + 1):
+        seed = (config.seed, SPLIT_IDS[split], ordinal, copy, MOSAIC_STREAM)
+        rng = np.random.default_rng(seed)
+        chosen = mosaic_ops.choose_partners(rng, ordinal, len(entries), config.mosaic)
+        partners.append(None if chosen is None else tuple(entries[i] for i in chosen))
+    return tuple(partners)
+
+
 def _tasks(plan, config):
     for split, _, _, items in plan:
         copies = config.copies if split == "train" else 0  # validation stays clean
-        for ordinal, entry in items:
+        for ordinal, entry, partners in items:
             yield Task(
                 split=split,
                 ordinal=ordinal,
@@ -370,6 +456,7 @@ def _tasks(plan, config):
                 image_format=split_format(config, split),
                 quality=config.quality,
                 augment=config.augment,
+                mosaic=partners,
             )
 
 
@@ -405,7 +492,8 @@ def _prepare_output(config, overwrite):
         with fileio.open_file(plan_file, "r") as f:
             previous = json.load(f)
         if previous != fingerprint:
-            changed = sorted(k for k in fingerprint if previous.get(k) != fingerprint[k])
+            keys = set(fingerprint) | set(previous)
+            changed = sorted(k for k in keys if previous.get(k) != fingerprint.get(k))
             raise ValueError(
                 f"{config.output} holds a preprocessing run with other settings (different "
                 f"{', '.join(changed)}); use a new --output folder or pass --overwrite"
@@ -423,11 +511,17 @@ def _inputs_digest(items):
     edited renders the affected shards again instead of reusing stale ones.
     """
     digest = hashlib.sha256()
-    for ordinal, entry in items:
+    for ordinal, entry, partners in items:
         fields = [ordinal, entry.path, entry.boxes.tolist(), entry.classes.tolist()]
         if entry.difficult.any():  # digests of sets without the flag stay as they were
             fields.append(entry.difficult.tolist())
         digest.update(json.dumps([*fields, entry.source, entry.line]).encode())
+        # A mosaic shows its partners: editing one's boxes makes the shard stale too.
+        for copy_partners in partners:
+            for partner in copy_partners or ():
+                boxes, classes = partner.boxes.tolist(), partner.classes.tolist()
+                flags = partner.difficult.tolist()
+                digest.update(json.dumps([partner.path, boxes, classes, flags]).encode())
     return digest.hexdigest()
 
 
@@ -489,6 +583,11 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
         if not dataset.rejects:
             raise ValueError(where)
         raise ValueError(_describe_rejects(f"{where}; the reasons:", dataset.rejects, limit=3))
+    if config.mosaic and config.copies and len(dataset.splits["train"]) < mosaic_ops.NUM_TILES:
+        raise ValueError(
+            f"--mosaic {config.mosaic:g}: a mosaic takes {mosaic_ops.NUM_TILES} images and the "
+            f"training split has {len(dataset.splits['train'])}; drop --mosaic or add images"
+        )
     _prepare_output(config, overwrite)
     plan = _shard_plan(dataset, config)
     # Shards of an earlier run over other annotations (another count) are not part of this set.
@@ -516,7 +615,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
         results = renderer.imap(_tasks(pending, config))
         for split, index, count, items in pending:
             shard_records, shard_rejects, shard_counts = [], [], collections.Counter()
-            for _, entry in items:
+            for _, entry, _ in items:
                 image_records, image_rejects, image_counts = next(results)
                 shard_records.extend(image_records)
                 shard_counts.update(image_counts)
@@ -572,11 +671,12 @@ def _source_format(config):
 
 def _write_manifest(config, dataset, plan, records):
     splits, counts = {}, collections.Counter(dataset.counts)
-    rejects = list(dataset.rejects)
+    rejects, mosaic_records = list(dataset.rejects), collections.Counter()
     for split, index, count, items in plan:
         stats = _finished_shard(config, records.shard_name(split, index, count), items)
         splits.setdefault(split, []).append(stats["entry"])
         counts.update(stats["counts"])
+        mosaic_records[split] += stats["counts"].get("mosaic_records", 0)
         rejects.extend(tuple(r) for r in stats["rejects"])
     reject_counts = collections.Counter(reason for _, _, reason, _ in rejects)
     rejects_path = fileio.join(config.output, records.REJECTS)
@@ -596,6 +696,7 @@ def _write_manifest(config, dataset, plan, records):
         seed=config.seed,
         jpeg_quality=config.quality if config.image_format == "jpeg" else None,
         augmentation=dataclasses.asdict(config.augment),
+        **({"mosaic": config.mosaic} if config.mosaic else {}),
         source_annotations=_sources(config),
         source_format=_source_format(config),
         source_images={split: len(entries) for split, entries in dataset.splits.items()},
@@ -617,5 +718,7 @@ def _write_manifest(config, dataset, plan, records):
         info["boxes"] = sum(shard["boxes"] for shard in info["shards"])
         if split_format(config, split) != config.image_format:
             info["image_format"] = split_format(config, split)
+        if config.mosaic and split == "train":  # manifests without mosaics stay as they were
+            info["mosaic_records"] = mosaic_records[split]
     fileio.write_json(fileio.join(config.output, records.MANIFEST), manifest)
     return manifest

@@ -7,8 +7,8 @@ A record set is a folder::
     val-00000-of-00002.tfrecord ...
     rejects.txt                           one line per skipped line, box or image
 
-Every record is one training image, already letterboxed (clean copy) or augmented
-(augmented copies) to the training size. Features:
+Every record is one training image, already letterboxed (clean copy), augmented or made a
+mosaic of four images (augmented copies) to the training size. Features:
 
 ==================  ==========  ==========================================================
 ``image``           bytes       JPEG, PNG, or raw ``(height, width, 3)`` uint8 RGB (``format``)
@@ -22,7 +22,13 @@ Every record is one training image, already letterboxed (clean copy) or augmente
 ``copy``            int64       0 for the clean copy, 1..K for augmented copies
 ``difficult``       int64 list  ``M`` flags, 1 for an object marked difficult; absent when
                                 none is (then all 0)
+``mosaic``          int64       1 for a mosaic of four images (``source``, ``line``: the
+                                top-left one's), else 0; absent when 0, so sets written
+                                before the feature read as they are
 ==================  ==========  ==========================================================
+
+The manifest's ``splits.train.mosaic_records`` counts the mosaic records (absent: none,
+:meth:`RecordSet.num_mosaic_records`).
 """
 
 import dataclasses
@@ -57,6 +63,7 @@ _FEATURES = {
     "line": tf.io.FixedLenFeature([], tf.int64, default_value=0),
     "copy": tf.io.FixedLenFeature([], tf.int64, default_value=0),
     "difficult": tf.io.VarLenFeature(tf.int64),
+    "mosaic": tf.io.FixedLenFeature([], tf.int64, default_value=0),
 }
 
 
@@ -79,7 +86,9 @@ def serialize_example(record):
         record: a mapping with ``image`` (bytes), ``format`` (``"jpeg"`` or ``"raw"``),
             ``height``, ``width``, ``boxes`` ((M, 4) float, stored-image pixels),
             ``classes`` ((M,) int), ``source`` (str), ``line`` and ``copy`` (ints), and
-            optionally ``difficult`` ((M,) bool; written only when a box is difficult).
+            optionally ``difficult`` ((M,) bool; written only when a box is difficult) and
+            ``mosaic`` (int, 0 when absent; written only when 1, so records without
+            mosaics keep their bytes).
     """
     boxes = np.asarray(record["boxes"], np.float32).reshape(-1)
     feature = {
@@ -96,6 +105,8 @@ def serialize_example(record):
     difficult = np.asarray(record.get("difficult", ()), bool).reshape(-1)
     if difficult.any():
         feature["difficult"] = _ints(difficult)
+    if record.get("mosaic", 0):
+        feature["mosaic"] = _ints([record["mosaic"]])
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     # Protobuf writes map entries (the features) in an order that may change from one
     # process to the next; sorted keys keep shards byte-identical across runs and resumes.
@@ -119,7 +130,7 @@ def parse_example(serialized, image_format):
     Returns:
         A dict: ``image`` ``(H, W, 3)`` uint8, ``boxes`` ``(M, 4)`` float32 in image pixels,
         ``classes`` ``(M,)`` int32, ``difficult`` ``(M,)`` bool, ``source`` string, ``copy``
-        int64.
+        int64, ``mosaic`` int64 (1 for a mosaic, 0 otherwise and in sets written before it).
     """
     features = tf.io.parse_single_example(serialized, _FEATURES)
     height, width = features["height"], features["width"]
@@ -144,11 +155,29 @@ def parse_example(serialized, image_format):
         "difficult": difficult,
         "source": features["source"],
         "copy": features["copy"],
+        "mosaic": features["mosaic"],
     }
 
 
+def is_mosaic(serialized):
+    """Whether a serialized record is a mosaic, in TensorFlow ops (a ``tf.data`` filter).
+
+    Parses only the ``mosaic`` feature, not the image, so filtering costs little.
+
+    Args:
+        serialized: scalar string tensor.
+
+    Returns:
+        Scalar bool tensor; False for records written before the feature.
+    """
+    features = tf.io.parse_single_example(serialized, {"mosaic": _FEATURES["mosaic"]})
+    return features["mosaic"] > 0
+
+
 def parse_example_numpy(serialized):
-    """Parses one serialized record eagerly into NumPy (for checks and tools)."""
+    """Parses one serialized record eagerly into NumPy (for checks and tools): the keys of
+    :func:`parse_example` (``mosaic`` an int, 0 when absent) and ``format``, ``height``,
+    ``width`` and ``line``."""
     example = tf.train.Example.FromString(serialized)
     feature = example.features.feature
     image_format = feature["format"].bytes_list.value[0].decode()
@@ -172,6 +201,7 @@ def parse_example_numpy(serialized):
         "source": feature["source"].bytes_list.value[0].decode(),
         "line": feature["line"].int64_list.value[0],
         "copy": feature["copy"].int64_list.value[0],
+        "mosaic": feature["mosaic"].int64_list.value[0] if "mosaic" in feature else 0,
     }
 
 
@@ -318,6 +348,11 @@ class RecordSet:
     def num_records(self, split):
         self.shard_paths(split)  # raises for a missing split
         return int(self.manifest["splits"][split]["records"])
+
+    def num_mosaic_records(self, split):
+        """How many of ``split``'s records are mosaics; 0 in sets written without them."""
+        self.shard_paths(split)  # raises for a missing split
+        return int(self.manifest["splits"][split].get("mosaic_records", 0))
 
 
 def open_record_set(source):

@@ -13,6 +13,7 @@ import os
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
 from yolo3.checkpoint.weights import check_model_type, load_weights
@@ -139,6 +140,7 @@ class Datasets:
     train: object
     val: object
     val_steps: int | None  # validation steps per pass, the same on every worker
+    mosaic: object = None  # with --close-mosaic: the switch the training split's filter reads
 
 
 def build_strategy(config):
@@ -364,17 +366,19 @@ def build_datasets(config, setup, strategy, log):
         anchor_masks=setup.anchor_masks,
     )
 
+    mosaic = _mosaic_switch(config, data, log)
+
     def train_fn(context):
         if config.benchmark:
             return yolo_data.synthetic_dataset(
                 input_hw=data.input_hw, seed=config.seed + context.input_pipeline_id, **options
             )
-        return train_records(config, data, setup.anchor_masks, context)
+        return train_records(config, data, setup.anchor_masks, context, mosaic=mosaic)
 
     autotune.untune_device_datasets()
     train = strategy.distribute_datasets_from_function(train_fn)
     if not data.val_source:
-        return Datasets(train, None, None)
+        return Datasets(train, None, None, mosaic)
     val_steps = _validation_steps(config, setup, log)
 
     def val_fn(context):
@@ -394,11 +398,28 @@ def build_datasets(config, setup, strategy, log):
         )
 
     val = strategy.distribute_datasets_from_function(val_fn)
-    return Datasets(train, val, val_steps)
+    return Datasets(train, val, val_steps, mosaic)
 
 
-def train_records(config, data, anchor_masks=None, context=None):
-    """The training split as the trainer reads it: uint8 images and padded boxes."""
+def _mosaic_switch(config, data, log):
+    """With ``--close-mosaic`` on a record set holding mosaics: the variable that lets them
+    through (:class:`yolo3.callbacks.CloseMosaic` turns it off), else None."""
+    if not config.close_mosaic or config.benchmark:
+        return None
+    if not data.record_set.num_mosaic_records("train"):
+        log(
+            f"--close-mosaic {config.close_mosaic}: {data.record_set} holds no mosaic records "
+            "(yolo3 preprocess --mosaic); every epoch reads the same records"
+        )
+        return None
+    # On the host: the input pipeline reads it, on every worker its own.
+    with tf.device("/cpu:0"):
+        return tf.Variable(True, trainable=False, name="mosaic")
+
+
+def train_records(config, data, anchor_masks=None, context=None, mosaic=None):
+    """The training split as the trainer reads it: uint8 images and padded boxes;
+    ``mosaic``: see :func:`yolo3.data.pipeline.make_dataset`."""
     return yolo_data.make_dataset(
         data.record_set,
         "train",
@@ -412,6 +433,7 @@ def train_records(config, data, anchor_masks=None, context=None):
         shuffle_buffer=config.shuffle_buffer,
         input_context=context,
         targets=False,  # built in the train step, on the accelerator
+        mosaic=mosaic,
     )
 
 

@@ -81,6 +81,13 @@ class TrainConfig:
     )
     flip: float = setting(0.5, group="data", help="online horizontal-flip probability")
     shuffle_buffer: int = setting(1024, group="data")
+    close_mosaic: int = setting(
+        0,
+        group="data",
+        metavar="EPOCHS",
+        help="the last EPOCHS epochs (of --epochs, or of the --time plan) read no mosaic "
+        "records (yolo3 preprocess --mosaic); 0: every epoch reads them",
+    )
     # "auto" or "MIN:MAX": yolo3.data.multiscale
     multi_scale: str | None = setting(
         None,
@@ -418,6 +425,7 @@ class TrainConfig:
             (self.time is None or self.time > 0, "--time must be > 0 minutes"),
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            (self.close_mosaic >= 0, "--close-mosaic must be >= 0 epochs"),
             (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,

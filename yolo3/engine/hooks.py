@@ -57,10 +57,13 @@ def build_backup(config, setup, trainer, log):
     )
 
 
-def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None, started=None):
+def build_hooks(
+    config, setup, trainer, backup, *, progress, log, tracking=None, started=None, mosaic=None
+):
     """The run's :class:`Hooks`; a stop request (a signal, a preemption notice) ends it at a
     step that every worker agrees on. ``tracking``: :func:`build_tracking`'s; ``started``:
-    ``time.perf_counter()`` at the run's start (``--time`` counts from it)."""
+    ``time.perf_counter()`` at the run's start (``--time`` counts from it); ``mosaic``: the
+    datasets' switch of mosaic records (``--close-mosaic``), or None."""
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
@@ -75,6 +78,7 @@ def build_hooks(config, setup, trainer, backup, *, progress, log, tracking=None,
         log=log,
         tracking=tracking,
         started=started,
+        mosaic=mosaic,
     )
     return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking)
 
@@ -91,6 +95,7 @@ def build_callbacks(
     log,
     tracking=None,
     started=None,
+    mosaic=None,
 ):
     """The callbacks of a run, in the order they must see each epoch's logs.
 
@@ -179,6 +184,16 @@ def build_callbacks(
     ]
     if budget is not None:
         ordered.append(budget)
+    if mosaic is not None:
+        ordered.append(
+            yolo_callbacks.CloseMosaic(
+                mosaic,
+                epochs=config.epochs,
+                close=config.close_mosaic,
+                budget=budget,
+                log=log if info.is_chief else None,
+            )
+        )
     if config.reduce_lr_patience:
         ordered.append(
             yolo_callbacks.PlateauScale(

@@ -135,6 +135,7 @@ def _train(config, strategy, setup, tracking, started, log):
         log=log,
         tracking=tracking,
         started=started,
+        mosaic=datasets.mosaic,
     )
     if position is not None and position.epoch >= config.epochs and not position.batch:
         _checkpoints_from_backup(hooks, trainer, position.epoch, log)
