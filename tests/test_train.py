@@ -399,3 +399,25 @@ def test_close_mosaic_turns_mosaics_off_for_the_last_epochs_of_the_run_or_its_pl
     close.on_epoch_begin(3)
     assert bool(switch.numpy())
     assert lines[-1] == "epoch 4: mosaic records in (--close-mosaic 2)"
+
+
+def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, tmp_path):
+    from yolo3.engine.config import RECIPES, TrainConfig
+    from yolo3.engine.trainer import scaled_learning_rate
+
+    scratch = TrainConfig(records="r", log_dir="l")
+    assert scratch.recipe == "scratch" and (scratch.lr, scratch.ignore_thresh) == (3.2e-2, 0.5)
+    # The demo's peak: 8e-3 at its global batch of 16.
+    assert scaled_learning_rate(scratch.lr, 16, scratch.lr_reference_batch) == pytest.approx(8e-3)
+    tuned = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
+    assert tuned.recipe == "fine-tune" and (tuned.lr, tuned.ignore_thresh) == (1e-3, 0.7)
+    assert RECIPES["fine-tune"]["ignore_thresh"] == 0.7  # Darknet's
+    given = TrainConfig(records="r", log_dir="l", weights="w", lr=5e-4, ignore_thresh=0.6)
+    assert (given.lr, given.ignore_thresh) == (5e-4, 0.6)
+    # From the command line, and config.json records the values used.
+    records, anchors = record_set
+    args = ["--records", str(records), "--log-dir", str(tmp_path), "--anchors", str(anchors)]
+    parsed = train.config_from_args(train.build_parser().parse_args(args))
+    assert (parsed.lr, parsed.ignore_thresh) == (3.2e-2, 0.5)
+    saved = dataclasses.asdict(parsed)
+    assert training.TrainConfig(**saved) == parsed

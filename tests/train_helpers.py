@@ -56,7 +56,8 @@ def small_record_set(directory, *, train=32, val=8, num_shards=2, seed=0, noise=
 def validation_loss(weights, records, anchors):
     """The validation loss the weights file ``weights`` (tiny-YOLOv3, 2 classes) has on the
     whole val split of ``records``: the mean per-image loss over every image, in one batch,
-    plus the weight decay, with the grid sensitivity the file records. What a run's
+    plus the weight decay, with the grid sensitivity the file records and the ignore
+    threshold of the run's ``config.json`` (beside ``checkpoints/``). What a run's
     validation pass must log for those weights."""
     body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
     load_weights(body, str(weights))
@@ -71,7 +72,14 @@ def validation_loss(weights, records, anchors):
     images, boxes = next(iter(dataset))
     assert len(images) == count
     scale_x_y = (read_metadata(str(weights)) or {}).get("scale_x_y")
-    trainer = YoloTrainer(body, anchors=anchors, num_classes=2, scale_x_y=scale_x_y)
+    run = json.loads((Path(weights).parents[1] / "config.json").read_text())
+    trainer = YoloTrainer(
+        body,
+        anchors=anchors,
+        num_classes=2,
+        scale_x_y=scale_x_y,
+        ignore_thresh=run["ignore_thresh"],
+    )
     per_image, _ = trainer.per_image_loss(images, boxes, trainer(images))
     return float(np.mean(per_image)) + float(sum(np.asarray(w) for w in body.losses))
 

@@ -41,10 +41,10 @@ def build_parser():
     parser.add_argument("--copies", type=int, default=0, help="augmented copies per image")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=8e-3)
-    # Darknet's .7 (yolo3 train's default) scored 0.894 and 0.902 mAP@0.5 here against 0.927
-    # and 0.935 for .5 (seeds 0 and 1): on six epochs from scratch, .5 teaches more.
-    parser.add_argument("--ignore-thresh", type=float, default=0.5)
+    # The learning rate and ignore threshold are yolo3 train's own from-scratch defaults
+    # (yolo3.engine.config.RECIPES), measured on this task.
+    parser.add_argument("--lr", type=float, help="default: yolo3 train's from scratch")
+    parser.add_argument("--ignore-thresh", type=float, help="default: yolo3 train's from scratch")
     parser.add_argument(
         "--multi-scale",
         nargs="?",
@@ -107,9 +107,10 @@ def run(args):
     _run("train tiny-YOLOv3 from scratch", "train", [
         "--records", str(records), "--anchors", str(anchors), "--log-dir", str(log_dir),
         "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-        "--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size),
-        "--warmup-epochs", "1", "--ignore-thresh", str(args.ignore_thresh),
-        "--seed", str(args.seed), "--gpus", "0", *progress,
+        *(["--lr", str(args.lr), "--lr-reference-batch", str(args.batch_size)]
+          if args.lr is not None else []),
+        *(["--ignore-thresh", str(args.ignore_thresh)] if args.ignore_thresh is not None else []),
+        "--warmup-epochs", "1", "--seed", str(args.seed), "--gpus", "0", *progress,
         *(["--multi-scale", args.multi_scale] if args.multi_scale else []),
         *(["--resume"] if (log_dir / "checkpoints" / "state.weights.h5").exists() else []),
     ], timings)  # fmt: skip

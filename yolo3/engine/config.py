@@ -46,6 +46,17 @@ GROUPS = {
 }
 
 
+# The settings that differ between a run from scratch and one fine-tuning --weights, the
+# defaults of yolo3 train by whether --weights is given. From scratch: the demo's, 8e-3 per
+# 16 images with Adam, and an ignore threshold of .5, which scored mAP@0.5 0.927 and 0.935
+# on its task against 0.894 and 0.902 for Darknet's .7 (seeds 0 and 1, YOLOv3's loss).
+# Fine-tuning: Darknet's .7 and the original keras-yolo3's 1e-3.
+RECIPES = {
+    "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5},
+    "fine-tune": {"lr": 1e-3, "ignore_thresh": IGNORE_THRESH},
+}
+
+
 def setting(default=dataclasses.MISSING, *, group, help=None, flag=None, **cli):
     """A :class:`TrainConfig` field offered as a flag of ``yolo3 train``.
 
@@ -126,10 +137,12 @@ class TrainConfig:
         help="1: freeze the backbone, 2: all but the heads, for --freeze-epochs",
     )
     freeze_epochs: int = setting(0, group="model")
-    ignore_thresh: float = setting(
-        IGNORE_THRESH,
+    ignore_thresh: float | None = setting(
+        None,
         group="model",
-        help="IoU above which a prediction is not penalised as background (Darknet's .7)",
+        help="IoU above which a prediction is not penalised as background (default: "
+        f"{RECIPES['scratch']['ignore_thresh']} from scratch, Darknet's "
+        f"{RECIPES['fine-tune']['ignore_thresh']} with --weights)",
     )
     iou_thresh: float = setting(
         IOU_THRESH,
@@ -166,8 +179,12 @@ class TrainConfig:
     # schedule
     epochs: int = setting(50, group="schedule")
     batch_size: int = setting(8, group="schedule", help="images per replica per step")
-    lr: float = setting(
-        1e-3, group="schedule", help="learning rate for a global batch of --lr-reference-batch"
+    lr: float | None = setting(
+        None,
+        group="schedule",
+        help="learning rate for a global batch of --lr-reference-batch (default: "
+        f"{RECIPES['scratch']['lr']:g} from scratch, {RECIPES['fine-tune']['lr']:g} with "
+        "--weights)",
     )
     lr_reference_batch: int = setting(64, group="schedule")
     lr_schedule: str = setting("cosine", group="schedule", choices=("cosine", "constant"))
@@ -411,7 +428,16 @@ class TrainConfig:
         "$MLFLOW_EXPERIMENT_NAME, else MLflow's Default)",
     )
 
+    @property
+    def recipe(self):
+        """``"fine-tune"`` with ``--weights``, else ``"scratch"``: the :data:`RECIPES` entry
+        whose values the settings left unset take."""
+        return "fine-tune" if self.weights else "scratch"
+
     def __post_init__(self):
+        for name, value in RECIPES[self.recipe].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         for field in dataclasses.fields(self):
             choices = field.metadata["cli"].get("choices")
             value = getattr(self, field.name)
