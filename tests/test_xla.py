@@ -17,6 +17,7 @@ from yolo3.callbacks import Throughput
 from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
 from yolo3.engine import training
+from yolo3.engine.combinations import OPTIONS
 from yolo3.engine.trainer import YoloTrainer
 from yolo3.model.loss import yolo_loss
 from yolo3.model.targets import build_targets
@@ -215,9 +216,11 @@ def restore_policy():
 
 # What --jit-compile auto and --mixed-precision auto give on one GPU: XLA with float32
 # (older GPUs), float16 and loss scaling (compute capability 7.x), bfloat16 (8.0 and newer).
-# float32 and bfloat16 train in tests/test_combinations.py (its "XLA, local steps" and
-# "XLA, PowerSGD" rows, two epochs each); float16 trains here, and its checkpoint loads in
-# float32 as the trained weights.
+# bfloat16 trains in tests/test_combinations.py (its "XLA, PowerSGD" row), float32 in
+# test_fit_compiles_the_step_with_xla_and_still_measures_input_wait above; float16 trains
+# here, with overlapped local steps (the combinations table's pairs of XLA, local steps and
+# mixed precision, test_combinations.ELSEWHERE), and its checkpoint loads in float32 as the
+# trained weights.
 @pytest.mark.slow
 def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     record_set, tmp_path, restore_policy
@@ -227,11 +230,13 @@ def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     args = train_args(
         records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "3",
         "--jit-compile", "on", "--mixed-precision", precision,
+        *OPTIONS["local steps, overlapped"],
     )  # fmt: skip
     config = train.config_from_args(train.build_parser().parse_args(args))
     assert training.configure(config) == precision
     result = training.run(config, log=lambda *_: None)
     assert result.trainer.jit_compile is True
+    assert (result.trainer.communication.steps, result.trainer.communication.overlap) == (2, 1)
     assert isinstance(result.trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert math.isfinite(result.history["loss"][0])
     assert "input_wait_fraction" in result.history
