@@ -133,7 +133,8 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
 def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
     records, anchors = record_set
     initial = str(tmp_path / "init.weights.h5")
-    save_weights(_body(), initial)
+    # Weights trained with grid sensitivity: fine-tuning them keeps it.
+    save_weights(_body(), initial, {"scale_x_y": [1.2, 1.3]})
     code = train.main(
         train_args(
             records, tmp_path / "run", anchors,
@@ -142,6 +143,8 @@ def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
         )
     )  # fmt: skip
     assert code == 0
+    last = read_metadata(str(tmp_path / "run/checkpoints/last.weights.h5"))
+    assert last["scale_x_y"] == [1.2, 1.3]
     start = _arrays(initial)
     first = _arrays(str(tmp_path / "run/checkpoints/epoch-0001.weights.h5"))
     second = _arrays(str(tmp_path / "run/checkpoints/epoch-0002.weights.h5"))
@@ -407,10 +410,12 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
 
     scratch = TrainConfig(records="r", log_dir="l")
     assert scratch.recipe == "scratch" and (scratch.lr, scratch.ignore_thresh) == (3.2e-2, 0.5)
+    assert scratch.scale_x_y == "1.1"
     # The demo's peak: 8e-3 at its global batch of 16.
     assert scaled_learning_rate(scratch.lr, 16, scratch.lr_reference_batch) == pytest.approx(8e-3)
     tuned = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
     assert tuned.recipe == "fine-tune" and (tuned.lr, tuned.ignore_thresh) == (1e-3, 0.7)
+    assert tuned.scale_x_y is None  # the weights' own (test_freeze_then_unfreeze_...)
     assert RECIPES["fine-tune"]["ignore_thresh"] == 0.7  # Darknet's
     given = TrainConfig(records="r", log_dir="l", weights="w", lr=5e-4, ignore_thresh=0.6)
     assert (given.lr, given.ignore_thresh) == (5e-4, 0.6)

@@ -138,6 +138,15 @@ def stored_anchor_masks(path, model_type):
     return None
 
 
+def stored_scale_x_y(path):
+    """The grid sensitivity (``scale_x_y``, one per head) the weights in ``path`` were
+    trained with, where the file records it (this library's checkpoints, conversions of a
+    cfg); None otherwise."""
+    if not path.endswith(".h5") or not os.path.exists(path):
+        return None
+    return (read_metadata(path) or {}).get("scale_x_y")
+
+
 def stored_resampling(path):
     """``"darknet"`` for weights converted from Darknet (they reproduce Darknet's detections
     with its own letterbox resize), else ``"bicubic"``, what training here resamples with."""

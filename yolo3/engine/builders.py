@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
-from yolo3.checkpoint.weights import check_model_type, load_weights
+from yolo3.checkpoint.weights import check_model_type, load_weights, stored_scale_x_y
 from yolo3.comm.allreduce import communication_options
 from yolo3.data import autotune, multiscale, records
 from yolo3.data import pipeline as yolo_data
@@ -200,9 +200,11 @@ def resolve_setup(config, strategy, info, data):
     if config.weights:
         check_model_type(model_type, config.weights)  # before any model is built
     anchor_masks = default_anchor_masks(len(anchors))
-    scale_x_y = scale_x_y_per_head(
-        config.scale_x_y and parse_scale_x_y(config.scale_x_y), len(anchor_masks)
-    )
+    if config.scale_x_y is not None:
+        scale_x_y = parse_scale_x_y(config.scale_x_y)
+    else:  # fine-tuning: the weights decode as they were trained (1 where they do not say)
+        scale_x_y = stored_scale_x_y(config.weights)
+    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
     precision = keras.mixed_precision.global_policy().name
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)
