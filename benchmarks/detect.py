@@ -166,6 +166,7 @@ def prepare(model_type, config, directory, score_threshold, engines):
                 input_hw=spec.input_hw,
                 anchors=spec.anchor_array,
                 anchor_masks=spec.anchor_masks,
+                scale_x_y=spec.scale_x_y,
             )
             _set_opencv_threshold(cfg, score_threshold)
             paths[engine] = (cfg, darknet_weights)

@@ -163,8 +163,10 @@ class CloseMosaic(keras.callbacks.Callback):
 
     ``switch`` is the boolean variable the training split's filter reads
     (:func:`yolo3.data.pipeline.make_dataset`'s ``mosaic``). Its state follows from the epoch
-    number alone, so a resumed run reads what an uninterrupted one would. The run's length is
-    ``epochs``, or the plan of ``budget`` (a :class:`TimeBudget`) once it has one.
+    number and the run's length, ``epochs``, or the plan of ``budget`` (a :class:`TimeBudget`)
+    once it has one: a resumed run reads what an uninterrupted one would, except under a
+    time budget, which a resumed run plans again after its first epoch (that epoch counts
+    with ``epochs``).
     """
 
     def __init__(self, switch, *, epochs, close, budget=None, log=None):

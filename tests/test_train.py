@@ -177,6 +177,7 @@ def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path, c
     for change, named, saved in (
         (["--anchors", other_anchors], "--anchors", "[[6.0, 8.0], "),
         (["--mixed-precision", "bfloat16"], "--mixed-precision", "saved with float32"),
+        (["--scale-x-y", "1"], "--scale-x-y", "saved with [1.1, 1.1]"),
     ):
         capsys.readouterr()
         assert train.main([*resumed, *change]) == 2
@@ -426,3 +427,14 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     assert (parsed.lr, parsed.ignore_thresh) == (3.2e-2, 0.5)
     saved = dataclasses.asdict(parsed)
     assert training.TrainConfig(**saved) == parsed
+
+
+def test_a_run_saved_before_grid_sensitivity_resumes_only_with_its_own():
+    from yolo3.engine.resume import check_resumed
+
+    # config.json of a run from before: resolved settings without scale_x_y, which was 1.
+    saved = {"batch_size": 4, "resolved": {"model": "tiny", "precision": "float32"}}
+    resolved = {"model": "tiny", "precision": "float32", "scale_x_y": [1.1, 1.1]}
+    with pytest.raises(ValueError, match=r"--scale-x-y gives \[1.1, 1.1\] but the run was saved"):
+        check_resumed(saved, {"batch_size": 4}, resolved, log=lambda *_: None)
+    check_resumed(saved, {"batch_size": 4}, {**resolved, "scale_x_y": [1.0, 1.0]})

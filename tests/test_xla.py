@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_loss, numpy_targets, random_boxes, tiny_model
+from test_combinations import ELSEWHERE
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 from yolo3.callbacks import Throughput
@@ -218,9 +219,8 @@ def restore_policy():
 # (older GPUs), float16 and loss scaling (compute capability 7.x), bfloat16 (8.0 and newer).
 # bfloat16 trains in tests/test_combinations.py (its "XLA, PowerSGD" row), float32 in
 # test_fit_compiles_the_step_with_xla_and_still_measures_input_wait above; float16 trains
-# here, with overlapped local steps (the combinations table's pairs of XLA, local steps and
-# mixed precision, test_combinations.ELSEWHERE), and its checkpoint loads in float32 as the
-# trained weights.
+# here, with overlapped local steps (the combinations table's pair of XLA and local steps,
+# test_combinations.ELSEWHERE), and its checkpoint loads in float32 as the trained weights.
 @pytest.mark.slow
 def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     record_set, tmp_path, restore_policy
@@ -229,8 +229,8 @@ def test_train_py_with_jit_compile_on_trains_and_writes_a_checkpoint(
     records, anchors = record_set
     args = train_args(
         records, tmp_path, anchors, "--epochs", "1", "--steps-per-epoch", "3",
-        "--jit-compile", "on", "--mixed-precision", precision,
-        *OPTIONS["local steps, overlapped"],
+        "--mixed-precision", precision,
+        *(flag for option in ELSEWHERE["tests/test_xla.py"] for flag in OPTIONS[option]),
     )  # fmt: skip
     config = train.config_from_args(train.build_parser().parse_args(args))
     assert training.configure(config) == precision

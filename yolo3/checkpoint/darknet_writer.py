@@ -55,7 +55,8 @@ class _CfgBuilder:
         scale = next(self.scale_x_y)
         # Written only where it differs from Darknet's default of 1, which keeps the cfg of
         # a YOLOv3-trained model section for section Darknet's own.
-        grid = {} if scale == SCALE_X_Y else {"scale_x_y": np.format_float_positional(scale)}
+        text = np.format_float_positional(scale, trim="-")
+        grid = {} if scale == SCALE_X_Y else {"scale_x_y": text}
         self.add("yolo", mask=mask, **self.yolo_options, **grid)
 
 

@@ -117,6 +117,7 @@ class RunSetup:
             "jit_compile": self.jit_compile,
             "multi_scale_sizes": list(self.scales.sizes) if self.scales else None,
             "precision": self.precision,
+            "scale_x_y": list(self.scale_x_y),
         }
 
     @property

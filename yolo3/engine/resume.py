@@ -25,6 +25,7 @@ FIXED = (
     ("resolved", "anchors", "--anchors"),
     ("resolved", "input_size", "--records (its image size)"),
     ("resolved", "precision", "--mixed-precision"),
+    ("resolved", "scale_x_y", "--scale-x-y"),
     ("config", "compress", "--compress"),
     ("config", "rank", "--rank"),
     ("config", "local_steps", "--local-steps"),
@@ -32,6 +33,9 @@ FIXED = (
     ("config", "outer_momentum", "--outer-momentum"),
 )
 FIXED_FIELDS = frozenset(key for where, key, _ in FIXED if where == "config")
+# What a run saved before a FIXED resolved setting was recorded had: the grid sensitivity
+# of every head was YOLOv3's 1 (the checkpoints of such runs decode so).
+BEFORE_RECORDED = {"scale_x_y": lambda resolved: [1.0] * len(resolved.get("scale_x_y", ()))}
 # Changes a resumed run honours and reports from its resolved settings: where they come from
 # the devices or the cluster rather than one flag.
 RESOLVED_LOGGED = (
@@ -73,7 +77,10 @@ def check_resumed(saved, config, resolved, log=print):
     """
     if saved is None:
         return
-    saved_resolved = saved.get("resolved", {})
+    saved_resolved = dict(saved.get("resolved", {}))
+    if saved_resolved:  # a run saved with its resolved settings, before some were recorded
+        for key, before in BEFORE_RECORDED.items():
+            saved_resolved.setdefault(key, before(resolved))
     now = {"config": config, "resolved": resolved}
     was = {"config": saved, "resolved": saved_resolved}
     for where, key, flag in FIXED:
