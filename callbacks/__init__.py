@@ -20,6 +20,8 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`CloseMosaic`: the last epochs read no mosaic records (``--close-mosaic``).
 - :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
+- :class:`EpochHistory`: one JSON line per epoch in ``history.jsonl`` (losses, mAP, the
+  training clock).
 
 :mod:`yolo3.callbacks.mlflow_tracking` (``MlflowTracking``, for ``--mlflow``) is left out
 of this namespace: only a run that tracks imports it, and MLflow with it.
@@ -30,6 +32,7 @@ from yolo3.engine.status import TrainingStatus
 from .backup import WorkerBackup
 from .checkpoint import BEST, LAST, TemplateCheckpoint, read_training_state
 from .evaluation import MapEvaluation
+from .history import HISTORY_FILE, EpochHistory, read_history
 from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
@@ -38,7 +41,9 @@ from .schedule import CloseMosaic, FreezeSchedule, PlateauScale, TimeBudget
 
 __all__ = [
     "BEST",
+    "HISTORY_FILE",
     "LAST",
+    "EpochHistory",
     "FreezeSchedule",
     "LearningRateLogger",
     "LocalSync",
@@ -56,5 +61,6 @@ __all__ = [
     "TrainingStatus",
     "WorkerBackup",
     "make_stop_flag",
+    "read_history",
     "read_training_state",
 ]

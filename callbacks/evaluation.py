@@ -4,6 +4,7 @@ import contextlib
 import math
 import os
 import re
+import time
 import unicodedata
 
 import keras
@@ -78,6 +79,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self.tensorboard_dir = tensorboard_dir
         self.log = log
         self.history = []
+        self.seconds = 0.0  # spent evaluating, for a clock of training alone (EpochHistory)
         self.latest = None  # the last Evaluation, for a report at the run's end (MLflow)
         self._writer = None
 
@@ -86,6 +88,7 @@ class MapEvaluation(keras.callbacks.Callback):
             return
         from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 
+        begun = time.perf_counter()
         with self.averaged():
             evaluation = validate.evaluate_model(
                 self.body,
@@ -108,6 +111,7 @@ class MapEvaluation(keras.callbacks.Callback):
             self.write_summaries(evaluation, epoch)
         if self.log:
             self.log(f"epoch {epoch + 1}: mAP@0.5 {value:.4f} on {evaluation.num_images} images")
+        self.seconds += time.perf_counter() - begun
 
     def write_summaries(self, evaluation, step):
         """Writes ``evaluation``'s per-class AP and gallery at ``step`` (see the class)."""

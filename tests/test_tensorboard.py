@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from train_helpers import SIZE, train_args, write_anchors
 
 from yolo3.callbacks.evaluation import class_tags
+from yolo3.callbacks.history import read_history
 from yolo3.commands import train
 from yolo3.engine import training
 from yolo3.evaluation import validate
@@ -93,6 +94,12 @@ def test_map_every_writes_per_class_ap_and_a_gallery_at_the_epoch_step(record_se
         assert float(value) == pytest.approx(ap, rel=1e-6, abs=1e-7)
     mean = float(keras_run["epoch_mAP50"][0][1])
     assert mean == pytest.approx(np.mean(evaluation.voc.ap[:2]), rel=1e-6, abs=1e-7)
+    # history.jsonl holds the same figures, one line an epoch, on a clock that moves on.
+    first, second = read_history(tmp_path)
+    assert (first["epoch"], second["epoch"]) == (1, 2) and "val_mAP50" not in first
+    assert second["val_mAP50"] == pytest.approx(mean, rel=1e-6)
+    assert second["loss"] == pytest.approx(result.history["loss"][1], rel=1e-6)
+    assert 0 < first["seconds"] < second["seconds"]
 
     # Six of the eight validation images, three 256-pixel tiles a row.
     [(step, gallery)] = run["epoch_gallery"]

@@ -13,7 +13,7 @@ from tensorflow.python.data.ops import multi_device_iterator_ops
 from test_progress import FakeClock
 from train_helpers import SIZE, small_record_set, train_args, validation_loss, write_anchors
 
-from yolo3.callbacks import StopOnNonFinite, read_training_state
+from yolo3.callbacks import StopOnNonFinite, read_history, read_training_state
 from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.commands import train
 from yolo3.data import records as yolo_records
@@ -195,6 +195,10 @@ def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path, c
     assert result.epochs_done == 2
     assert int(result.trainer.optimizer.iterations) == 6  # 3 restored + 3 new steps
     assert read_training_state(str(tmp_path / "checkpoints"))[1]["epoch"] == 2
+    # The epoch history goes on from the first run's: its epoch 1, then this run's epoch 2.
+    first, second = read_history(tmp_path)
+    assert (first["epoch"], second["epoch"]) == (1, 2)
+    assert first["seconds"] < second["seconds"]
 
 
 # bfloat16 with YOLOv3's xy and wh terms, float16 with the recipe's CIoU term: one run

@@ -151,9 +151,13 @@ def atomic_write(path):
 
 
 def write_json(path, data, *, indent=2):
-    """Writes ``data`` as JSON with a final newline, atomically: locally through
-    :func:`atomic_write`, on a remote filesystem as a temporary file renamed over ``path``."""
-    text = json.dumps(data, indent=indent) + "\n"
+    """Writes ``data`` as JSON with a final newline, atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def write_text(path, text):
+    """Writes ``text`` to ``path`` atomically: locally through :func:`atomic_write`, on a
+    remote filesystem as a temporary file renamed over ``path``."""
     if is_remote(path):
         temp = f"{path}.tmp"
         with open_file(temp, "w") as f:

@@ -166,6 +166,10 @@ def build_callbacks(
                 os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
             )
         )
+    if info.is_chief:
+        ordered.append(
+            yolo_callbacks.EpochHistory(config.log_dir, started=started, evaluation=map_evaluation)
+        )
     if tracking is not None:
         tracking.attach(trainer.status, map_evaluation)
         ordered.append(tracking)
