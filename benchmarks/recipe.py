@@ -62,9 +62,11 @@ def parse_setting(text):
     return name, tuple(flags.split())
 
 
-def _yolo3(*args, core=None, log=None):
-    """Runs ``python -m yolo3 ARGS`` (this checkout's library), pinned to ``core``."""
+def yolo3_process(*args, core=None, log=None, wrap=None):
+    """Runs ``python -m yolo3 ARGS`` (this checkout's library), pinned to ``core``;
+    ``wrap(argv)`` gives the command line that runs ``argv`` (e.g. in a network namespace)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    argv = [sys.executable, "-m", "yolo3", *map(str, args)]
 
     def pin():
         if core is not None:
@@ -72,12 +74,12 @@ def _yolo3(*args, core=None, log=None):
 
     with open(log or os.devnull, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "yolo3", *map(str, args)],
+            wrap(argv) if wrap else argv,
             env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
         )  # fmt: skip
 
 
-def _check(process, what, timeout):
+def check_exit(process, what, timeout):
     if process.wait(timeout=timeout) != 0:
         raise RuntimeError(f"{what} failed (exit status {process.returncode})")
 
@@ -100,11 +102,21 @@ def prepare(config):
     work.mkdir(parents=True, exist_ok=True)
     for what, done, args in steps:
         if not done.exists():
-            _check(_yolo3(*args, log=work / f"{what}.log"), f"making the {what}", None)
+            check_exit(yolo3_process(*args, log=work / f"{what}.log"), f"making the {what}", None)
     return data, records, work / "anchors.txt"
 
 
-def _score(run_dir):
+def evaluate_run(run_dir, data, core=None):
+    """Scores ``run_dir``'s ``last.weights.h5`` with ``yolo3 evaluate`` on the original
+    validation images: ``{AP, AP50, AP75, mAP50}``."""
+    evaluate = ("evaluate", "--weights", run_dir / "checkpoints" / "last.weights.h5",
+                "--annotations", data / "val.txt", "--output", run_dir / "eval",
+                "--gallery", 0, "--progress", "off")  # fmt: skip
+    check_exit(yolo3_process(*evaluate, core=core, log=f"{run_dir}.eval.log"), "scoring", None)
+    return score(run_dir)
+
+
+def score(run_dir):
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     coco = metrics.get("coco") or {}
     return {
@@ -130,19 +142,15 @@ def run_recipe(config, command=None, log=print):
             train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
                      "--epochs", config.epochs, "--seed", seed, *BASE_FLAGS, *flags)  # fmt: skip
             log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
-            process = _yolo3(*train, core=core, log=f"{run_dir}.log")
+            process = yolo3_process(*train, core=core, log=f"{run_dir}.log")
             running[process] = (name, seed, core, run_dir, time.perf_counter())
         time.sleep(1.0)
         for process in [p for p in running if p.poll() is not None]:
             name, seed, core, run_dir, started = running.pop(process)
             seconds = time.perf_counter() - started
-            _check(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
-            evaluate = ("evaluate", "--weights", run_dir / "checkpoints" / "last.weights.h5",
-                        "--annotations", data / "val.txt", "--output", run_dir / "eval",
-                        "--gallery", 0, "--progress", "off")  # fmt: skip
-            _check(_yolo3(*evaluate, core=core, log=f"{run_dir}.eval.log"), "scoring", None)
+            check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
             runs.append({"setting": name, "seed": seed, "train_seconds": seconds,
-                         **_score(run_dir)})  # fmt: skip
+                         **evaluate_run(run_dir, data, core)})  # fmt: skip
             log(f"{name}, seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in METRICS))
             free.append(core)
     return {

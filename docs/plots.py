@@ -11,7 +11,10 @@ here. A kind of benchmark with no JSON file in the folder is left out.
 - ``scaling``: scaling efficiency by setting and link (one JSON file per ``--link``);
 - ``detect``: median latency at batch 1 by engine, one core and all cores;
 - ``prediction``: the link model's efficiency of the best setting by workers, link rate and
-  round trip (``tools/benchmark.py predict``).
+  round trip (``tools/benchmark.py predict``);
+- ``accuracy``: mAP@0.5 against training wall time, one line per setting (the mean over the
+  seeds, epoch by epoch), with the target (``tools/benchmark.py accuracy``), one panel per
+  JSON file.
 """
 
 import argparse
@@ -73,7 +76,7 @@ def _machine(result):
 def load_results(data_dir):
     """``{kind: [(path, result)]}`` of the benchmark JSON files in ``data_dir``, told apart by
     their contents."""
-    found = {"scaling": [], "detect": [], "prediction": []}
+    found = {"scaling": [], "detect": [], "prediction": [], "accuracy": []}
     for path in sorted(Path(data_dir).glob("*.json")):
         result = json.loads(path.read_text(encoding="utf-8"))
         if "communication" in result:
@@ -82,6 +85,8 @@ def load_results(data_dir):
             found["detect"].append((path, result))
         elif "assumed" in result:
             found["prediction"].append((path, result))
+        elif "target" in result:
+            found["accuracy"].append((path, result))
     return found
 
 
@@ -196,6 +201,30 @@ def prediction_figure(results):
     return _svg(figure)
 
 
+def accuracy_figure(results):
+    """mAP@0.5 against wall time of each setting (the mean over its seeds at each epoch
+    end), the target dashed; one panel per run of the benchmark."""
+    figure, all_axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for axes, (_, result) in zip(all_axes[0], results):
+        config = result["config"]
+        for row in result["settings"]:
+            curve = row["curve"]
+            seconds = [point["seconds"] / 60 for point in curve]
+            axes.plot(seconds, [point["mAP50"] for point in curve], marker="o",
+                      markersize=3, label=f"{row['setting']} ({row['seeds']} seeds)")  # fmt: skip
+        axes.axhline(result["target"], linestyle="--", linewidth=1, color="grey")
+        where = (
+            f"{config['replicas']} workers over {config['link']}"
+            if config["link"] != "none"
+            else f"{config['replicas']} replicas on one core"
+        )
+        axes.set_xlabel("training wall time, minutes (mAP scoring excluded)")
+        axes.set_ylabel("mAP@0.5, validation split")
+        axes.set_title(f"{where}, global batch {config['global_batch']}", fontsize=10)
+        axes.legend(fontsize=7, title="dashed: the target", title_fontsize=7)
+    return _svg(figure)
+
+
 def draw_all(data_dir=HERE / "data"):
     """Every plot whose JSON is in ``data_dir``, as :class:`Figure` objects."""
     found = load_results(data_dir)
@@ -204,6 +233,7 @@ def draw_all(data_dir=HERE / "data"):
         ("scaling", "Scaling efficiency by link and setting", scaling_figure),
         ("detect", "Latency by engine", detect_figure),
         ("prediction", "Predicted efficiency at 16 to 256 workers", prediction_figure),
+        ("accuracy", "Time to accuracy by setting", accuracy_figure),
     ):
         results = found[kind]
         if not results:

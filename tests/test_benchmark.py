@@ -697,3 +697,72 @@ def test_recipe_summary_is_the_mean_and_half_range_of_the_seeds():
     assert recipe.parse_setting("ciou=--iou-loss ciou") == ("ciou", ("--iou-loss", "ciou"))
     with pytest.raises(ValueError, match="not NAME=FLAGS"):
         recipe.parse_setting("--iou-loss ciou")
+
+
+def _accuracy_run(setting, seed, maps, final, step=10.0):
+    curve = [{"epoch": e + 1, "seconds": step * (e + 1), "mAP50": m} for e, m in enumerate(maps)]
+    final = {"mAP50": final, "AP": final / 2, "AP50": final, "AP75": final / 3}
+    return {"setting": setting, "seed": seed, "curve": curve, "final": final}
+
+
+def test_time_to_target_crosses_between_the_epochs_around_it():
+    from benchmarks.accuracy import time_to_target
+
+    curve = [{"seconds": 10.0, "mAP50": 0.2}, {"seconds": 20.0, "mAP50": 0.6},
+             {"seconds": 30.0, "mAP50": 0.8}]  # fmt: skip
+    assert time_to_target(curve, 0.5) == pytest.approx(17.5)  # 3/4 of the way from 0.2 to 0.6
+    assert time_to_target(curve, 0.1) == 10.0  # the first point already reaches it
+    assert time_to_target(curve, 0.8) == 30.0
+    assert time_to_target(curve, 0.81) is None
+
+
+def test_accuracy_summary_pairs_seeds_against_the_reference_and_one_worker_alone():
+    from benchmarks import accuracy
+
+    config = accuracy.AccuracyConfig(
+        settings=(("sync", ()), ("local", ("--local-steps", "8"))), work="w", seeds=(0, 1),
+        epochs=3,
+    )  # fmt: skip
+    runs = [
+        _accuracy_run("sync", 0, [0.3, 0.6, 0.82], 0.90),
+        _accuracy_run("sync", 1, [0.3, 0.6, 0.78], 0.86),
+        _accuracy_run("local", 0, [0.2, 0.5, 0.79], 0.85, step=6.0),
+        _accuracy_run("local", 1, [0.2, 0.4, 0.70], 0.83, step=6.0),
+        _accuracy_run("alone", 0, [0.4, 0.7, 0.80], 0.88, step=12.0),
+        _accuracy_run("alone", 1, [0.4, 0.7, 0.80], 0.88, step=12.0),
+    ]
+    result = accuracy.summarize(runs, config)
+    # The target: the reference's mean last point (0.80) less the margin.
+    assert result["reference"] == "sync" and result["target"] == pytest.approx(0.78)
+    sync, local, alone = result["settings"]
+    assert [row["setting"] for row in result["settings"]] == ["sync", "local", "alone"]
+    assert sync["mAP50"] == pytest.approx(0.88) and sync["mAP50_error"] == pytest.approx(0.02)
+    assert sync["mAP50_vs_reference"] == 0 and sync["mAP50_vs_reference_error"] == 0
+    # Paired by seed: -0.05 and -0.03, mean -0.04; the standard error of two values is half
+    # their difference.
+    assert local["mAP50_vs_reference"] == pytest.approx(-0.04)
+    assert local["mAP50_vs_reference_error"] == pytest.approx(0.01)
+    # local reaches 0.78 at 6 * (2 + (0.78 - 0.5) / 0.29) s with seed 0, never with seed 1.
+    assert local["reached"] == 1 and local["time_vs_alone"] is None
+    assert local["time_to_target"] == pytest.approx(6 * (2 + 0.28 / 0.29))
+    # One worker alone: 0.78 at 12 * (2 + 0.08 / 0.1) s with both seeds.
+    assert alone["time_to_target"] == pytest.approx(12 * 2.8) and alone["time_vs_alone"] == 1
+    assert sync["time_vs_alone"] == pytest.approx((20 + 10 * 0.18 / 0.22 + 30) / 2 / 33.6)
+    assert [p["mAP50"] for p in local["curve"]] == pytest.approx([0.2, 0.45, 0.745])
+    table = accuracy.format_accuracy({**result, "config": dataclasses.asdict(config)})
+    assert "| local | 2 | 0.840 ± 0.010 | -0.040 ± 0.010 | 0.420 ± 0.005 |" in table
+    assert "(1 reached) | - |" in table
+    # The run shapes: replicas in one process share the global batch; one worker alone.
+    args = accuracy._train_args(config, "local", ("--local-steps", "8"), 1, "r", "a", "d")
+    assert args[-6:] == ("--batch-size", 8, "--cpu-replicas", 2, "--local-steps", "8")
+    assert accuracy._train_args(config, "alone", (), 1, "r", "a", "d")[-2:] == ("--batch-size", 16)
+    linked = dataclasses.replace(config, link="100mbit", cores=(0, 1))
+    assert accuracy._train_args(linked, "sync", (), 1, "r", "a", "d")[-2:] == ("--batch-size", 8)
+    for bad, message in (
+        ({"replicas": 3}, "divide the global batch"),
+        ({"reference": "other"}, "--reference 'other'"),
+        ({"settings": (("alone", ()),)}, "one worker alone"),
+        ({"link": "100mbit"}, "at least 2"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            dataclasses.replace(config, **bad)

@@ -9,6 +9,8 @@
     python tools/benchmark.py predict --collectives 3:1 [--json prediction.json]
     python tools/benchmark.py recipe --settings 'recipe=' 'yolov3=--iou-loss mse --iou-thresh 1'
         --cores 0 1
+    python tools/benchmark.py accuracy --settings 'sync=' 'local32=--local-steps 32'
+        [--replicas 2] [--seeds 0 1 2 3] [--link 100mbit] --cores 0 1
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -49,6 +51,15 @@ collectives per step the scaling benchmark counted (``--collectives``). Seconds.
 recipe with each setting's ``yolo3 train`` flags, each seed a run of its own pinned to one
 of ``--cores``, scored on the original validation images; the mean and half-range over the
 seeds. About 5 minutes a run on one idle core at the demo's defaults.
+
+``accuracy`` (:mod:`benchmarks.accuracy`): time to accuracy. Each setting trains the demo's
+task with ``--replicas`` replicas and the demo's global batch, once per seed, scoring
+mAP@0.5 at every epoch end (off the clock), beside one worker alone: the final mAP@0.5 and
+COCO AP against the reference setting's (paired by seed, with standard errors), and the
+wall time until the mAP first reaches the target (the reference's less ``--margin``).
+Without ``--link`` the replicas share one process and one core (mAP only; about 10 minutes
+a run); with ``--link RATE`` they are worker processes over the shaped loopback, one run at
+a time.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -513,6 +524,82 @@ def _add_recipe(subparsers):
     parser.set_defaults(handler=_run_recipe)
 
 
+def _run_accuracy(args):
+    from benchmarks.accuracy import AccuracyConfig, format_accuracy, run_accuracy  # noqa: PLC0415
+
+    config = dataclass_from_args(AccuracyConfig, args, alone=not args.no_alone)
+    return _measure(run_accuracy, format_accuracy, config, args)
+
+
+def _add_accuracy(subparsers):
+    from benchmarks.recipe import parse_setting  # noqa: PLC0415
+    from yolo3.cli import argument_type  # noqa: PLC0415
+
+    parser = subparsers.add_parser(
+        "accuracy",
+        help="time to accuracy: mAP against wall time of settings with W replicas",
+        description="Trains the demo's recipe plus each setting's flags with W replicas "
+        "and the demo's global batch, once per seed, scoring mAP@0.5 at every epoch end "
+        "(the scoring off the clock), beside one worker alone; reports each setting's final "
+        "mAP and COCO AP against the reference's (paired by seed, with standard errors) and "
+        "its wall time to the target.",
+    )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        type=argument_type(parse_setting),
+        required=True,
+        metavar="NAME=FLAGS",
+        help="settings to compare, each a name and the yolo3 train flags it adds (quote "
+        "it: 'local32=--local-steps 32 --allreduce-dtype bfloat16'); sync= is synchronous "
+        "training",
+    )
+    parser.add_argument("--work", default="accuracy_runs", help="folder for data and runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="replicas (or workers with --link) per run (2)"
+    )
+    parser.add_argument(
+        "--global-batch", type=int, default=16, help="images per step over all replicas (16)"
+    )
+    parser.add_argument(
+        "--link",
+        type=argument_type(_link_rate),
+        default="none",
+        metavar="RATE",
+        help="run the replicas as worker processes (one core each) over a loopback limited "
+        "to this tc rate in a private network namespace, one run at a time; none: replicas "
+        "in one process on one core, runs side by side (mAP only: the clock is no link's)",
+    )
+    parser.add_argument(
+        "--no-alone",
+        action="store_true",
+        help="do not train one worker alone (global batch on one core) beside the settings",
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="NAME",
+        help="the setting the others are compared with and whose mean final mAP less "
+        "--margin is the target (default: the first; 'alone' is one worker alone)",
+    )
+    parser.add_argument("--margin", type=float, default=0.02, help="target below the reference")
+    parser.add_argument("--target", type=float, help="the target mAP@0.5 itself")
+    parser.add_argument("--train-images", type=int, default=4000)
+    parser.add_argument("--val-images", type=int, default=300)
+    parser.add_argument("--input-size", type=int, default=96)
+    parser.add_argument(
+        "--cores",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="cores to run on (e.g. 0 1): one run each at a time; with --link the workers "
+        "take cores 0 to W-1",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+    parser.set_defaults(handler=_run_accuracy)
+
+
 def build_parser():
     parser = ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
@@ -522,6 +609,7 @@ def build_parser():
     _add_detect(subparsers)
     _add_predict(subparsers)
     _add_recipe(subparsers)
+    _add_accuracy(subparsers)
     return parser
 
 

@@ -1,0 +1,329 @@
+"""Time to accuracy: how soon each setting trains a good detector, not how many images/s.
+
+Each setting (a name and the ``yolo3 train`` flags it adds to the demo's recipe) trains the
+demo's task once per seed with ``W`` replicas and the demo's global batch (``--batch-size
+G/W`` each), scoring mAP@0.5 on the validation split at every epoch end (``--map-every
+1``). The run's ``history.jsonl`` gives the curve: each epoch's mAP against the run's wall
+time at that epoch's end, less the time spent scoring (the clock of training alone,
+start-up, synchronisations and checkpoints included). ``last.weights.h5`` is then scored
+by ``yolo3 evaluate`` on the original validation images (VOC mAP@0.5 and COCO AP), the
+figures a user meets.
+
+Two ways to run the ``W`` replicas:
+
+- ``link="none"``: ``W`` replicas in one process (``--cpu-replicas W``) on one core, runs
+  side by side on the given cores. The mAP is what ``W`` workers would reach (the same
+  arithmetic); the clock is one core's, so only the mAP columns speak for a network.
+- ``link=RATE``: ``W`` worker processes (``yolo3 launch --pin-cores``: worker ``i`` on core
+  ``i``) in a private network namespace whose loopback carries ``RATE``
+  (:class:`benchmarks.link.RateLimitedLoopback`), one run at a time: the clock is what a
+  cluster on that link meets.
+
+Beside the settings, **one worker alone** (``alone``: the recipe with ``--batch-size G`` on
+one core, no replicas, no communication) trains the same seeds: the time every setting
+must beat, and the accuracy of training on one device.
+
+The **target** is the reference setting's mean final mAP (the curve's last point; the first
+setting unless named) less ``margin``, or ``target`` if given. A run's **time to target**
+is where its curve first reaches it, interpolated linearly between the two epoch ends
+around it (None: never reached). Per setting: the mean over seeds and its standard error
+(the sample standard deviation over the square root of the seeds), and the difference to
+the reference paired by seed (the same seed draws the same data order and initial
+weights), with its standard error: what tells a difference of 0.02 from the noise between
+seeds.
+"""
+
+import dataclasses
+import math
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.recipe import BASE_FLAGS, check_exit, evaluate_run, prepare, yolo3_process
+from yolo3.callbacks.history import read_history
+
+ALONE = "alone"
+CURVE_KEY = "val_mAP50"
+FINAL_METRICS = ("mAP50", "AP", "AP50", "AP75")
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyConfig:
+    """``settings``: ``(name, flags)`` pairs; the rest as ``tools/benchmark.py accuracy``."""
+
+    settings: tuple
+    work: str
+    seeds: tuple = (0, 1, 2, 3)
+    epochs: int = 6
+    replicas: int = 2
+    global_batch: int = 16
+    link: str = "none"
+    alone: bool = True
+    reference: str | None = None
+    margin: float = 0.02
+    target: float | None = None
+    train_images: int = 4000
+    val_images: int = 300
+    input_size: int = 96
+    cores: tuple = (0,)
+    timeout: float = 4 * 3600.0
+
+    def __post_init__(self):
+        names = [name for name, _ in self.settings]
+        if len(set(names)) != len(names) or ALONE in names:
+            raise ValueError(
+                f"--settings names must differ, and {ALONE!r} names one worker alone: {names}"
+            )
+        if not self.settings or not self.seeds or self.epochs < 1 or not self.cores:
+            raise ValueError("give at least one setting, one seed, one epoch and one core")
+        if self.replicas < 2 or self.global_batch % self.replicas:
+            raise ValueError(
+                f"--replicas {self.replicas}: use 2 or more that divide the global batch "
+                f"({self.global_batch})"
+            )
+        known = [*names, ALONE] if self.alone else names
+        if self.reference is not None and self.reference not in known:
+            raise ValueError(f"--reference {self.reference!r}: use one of {known}")
+        if self.link != "none" and len(self.cores) < self.replicas:
+            raise ValueError(
+                f"--link {self.link} runs {self.replicas} workers on cores 0 to "
+                f"{self.replicas - 1}: give --cores with at least {self.replicas}"
+            )
+
+    @property
+    def reference_name(self):
+        return self.reference or self.settings[0][0]
+
+
+def run_accuracy(config, command=None, log=print):
+    """Trains every setting (and one worker alone) for every seed; the result dict."""
+    from benchmarks.harness import load_average, machine_info  # noqa: PLC0415
+
+    data, records, anchors = prepare(config)
+    started_load = load_average()
+    jobs = [(name, flags) for name, flags in config.settings]
+    if config.alone:
+        jobs.append((ALONE, ()))
+    jobs = [(name, flags, seed) for seed in config.seeds for name, flags in jobs]
+    runner = _run_linked if config.link != "none" else _run_side_by_side
+    runs = runner(config, jobs, data, records, anchors, log)
+    result = {
+        "command": command,
+        "machine": machine_info(),
+        "load_average_start": started_load,
+        "load_average_end": load_average(),
+        "config": dataclasses.asdict(config),
+        "runs": runs,
+    }
+    result.update(summarize(runs, config))
+    return result
+
+
+def _train_args(config, name, flags, seed, records, anchors, run_dir):
+    shape = ("--batch-size", config.global_batch)
+    if name != ALONE:
+        shape = ("--batch-size", config.global_batch // config.replicas)
+        if config.link == "none":
+            shape += ("--cpu-replicas", config.replicas)
+    at = BASE_FLAGS.index("--batch-size")
+    base = BASE_FLAGS[:at] + BASE_FLAGS[at + 2 :]  # the shape sets the batch
+    return ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
+            "--epochs", config.epochs, "--seed", seed, "--map-every", 1, *base,
+            *shape, *flags)  # fmt: skip
+
+
+def _run_dir(config, name, seed):
+    return Path(config.work) / "accuracy" / f"{name}-seed{seed}"
+
+
+def _finish(config, name, seed, run_dir, data, core, seconds, log):
+    curve = [
+        {"epoch": r["epoch"], "seconds": r["seconds"], "mAP50": r[CURVE_KEY]}
+        for r in read_history(run_dir)
+        if CURVE_KEY in r
+    ]
+    if len(curve) != config.epochs:
+        raise RuntimeError(
+            f"{run_dir}/history.jsonl has mAP for {len(curve)} of {config.epochs} epochs"
+        )
+    run = {"setting": name, "seed": seed, "wall_seconds": seconds, "curve": curve}
+    run["final"] = evaluate_run(run_dir, data, core)
+    log(
+        f"{name}, seed {seed}: mAP@0.5 by epoch "
+        + " ".join(f"{p['mAP50']:.3f}" for p in curve)
+        + f"; final mAP@0.5 {run['final']['mAP50']:.3f}, COCO AP {run['final']['AP']:.3f}, "
+        f"{curve[-1]['seconds']:.0f} s"
+    )
+    return run
+
+
+def _run_side_by_side(config, jobs, data, records, anchors, log):
+    """One process per run, each on a core of its own, as many at once as cores."""
+    pending, running, runs = list(jobs), {}, []
+    free = list(config.cores)
+    while pending or running:
+        while pending and free:
+            name, flags, seed = pending.pop(0)
+            core = free.pop(0)
+            run_dir = _run_dir(config, name, seed)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            train = _train_args(config, name, flags, seed, records, anchors, run_dir)
+            log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
+            process = yolo3_process(*train, core=core, log=f"{run_dir}.log")
+            running[process] = (name, seed, core, run_dir, time.perf_counter())
+        time.sleep(1.0)
+        for process in [p for p in running if p.poll() is not None]:
+            name, seed, core, run_dir, started = running.pop(process)
+            check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
+            seconds = time.perf_counter() - started
+            runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log))
+            free.append(core)
+    return runs
+
+
+def _run_linked(config, jobs, data, records, anchors, log):
+    """One run at a time: the settings as worker processes over the shaped loopback, one
+    worker alone on core 0 (in the namespace too, with no one to talk to)."""
+    from benchmarks.link import RateLimitedLoopback  # noqa: PLC0415
+
+    runs = []
+    with RateLimitedLoopback(config.link) as link:
+        for name, flags, seed in jobs:
+            run_dir = _run_dir(config, name, seed)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            train = _train_args(config, name, flags, seed, records, anchors, run_dir)
+            if name == ALONE:
+                core, wrap = config.cores[0], link.command
+            else:
+                core = None
+
+                def wrap(argv):
+                    launch = [*argv[:3], "launch", "-n", str(config.replicas), "--pin-cores"]
+                    return link.command([*launch, "--", *argv])
+
+            log(f"{config.link}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
+            started = time.perf_counter()
+            process = yolo3_process(*train, core=core, log=f"{run_dir}.log", wrap=wrap)
+            what = f"training {name}, seed {seed} (log: {run_dir}.log)"
+            check_exit(process, what, config.timeout)
+            seconds = time.perf_counter() - started
+            runs.append(_finish(config, name, seed, run_dir, data, config.cores[0], seconds, log))
+    return runs
+
+
+# -- the figures ---------------------------------------------------------------------------
+
+
+def time_to_target(curve, target):
+    """Seconds at which ``curve`` (points with ``seconds`` and ``mAP50``, in order) first
+    reaches ``target``, interpolated linearly from the point before (from the first point
+    itself when it reaches it); None when it never does."""
+    previous = None
+    for point in curve:
+        if point["mAP50"] >= target:
+            if previous is None or point["mAP50"] == previous["mAP50"]:
+                return point["seconds"]
+            share = (target - previous["mAP50"]) / (point["mAP50"] - previous["mAP50"])
+            return previous["seconds"] + share * (point["seconds"] - previous["seconds"])
+        previous = point
+    return None
+
+
+def mean_and_error(values):
+    """``(mean, standard error)`` of ``values`` (error None with fewer than two)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, statistics.stdev(values) / math.sqrt(len(values))
+
+
+def summarize(runs, config):
+    """The target and one row per setting (``alone`` last): the means over seeds with their
+    standard errors, the paired difference to the reference, and the time to target."""
+    names = [name for name, _ in config.settings] + ([ALONE] if config.alone else [])
+    own = {name: [r for r in runs if r["setting"] == name] for name in names}
+    reference = config.reference_name
+    reached = mean_and_error([r["curve"][-1]["mAP50"] for r in own[reference]])[0]
+    target = config.target if config.target is not None else reached - config.margin
+    by_seed = {r["seed"]: r for r in own[reference]}
+    alone_time = None
+    rows = []
+    for name in names:
+        seeds = own[name]
+        row = {"setting": name, "seeds": len(seeds)}
+        for key in FINAL_METRICS:
+            row[key], row[f"{key}_error"] = mean_and_error([r["final"][key] for r in seeds])
+        row["curve_mAP50"], row["curve_mAP50_error"] = mean_and_error(
+            [r["curve"][-1]["mAP50"] for r in seeds]
+        )
+        paired = [
+            r["final"]["mAP50"] - by_seed[r["seed"]]["final"]["mAP50"]
+            for r in seeds
+            if r["seed"] in by_seed
+        ]
+        row["mAP50_vs_reference"], row["mAP50_vs_reference_error"] = mean_and_error(paired)
+        times = [time_to_target(r["curve"], target) for r in seeds]
+        row["reached"] = sum(t is not None for t in times)
+        row["time_to_target"], row["time_to_target_error"] = mean_and_error(times)
+        row["seconds"], _ = mean_and_error([r["curve"][-1]["seconds"] for r in seeds])
+        row["curve"] = mean_curve(seeds)
+        if name == ALONE:
+            alone_time = row["time_to_target"]
+        rows.append(row)
+    for row in rows:
+        ok = alone_time and row["time_to_target"] is not None and row["reached"] == row["seeds"]
+        row["time_vs_alone"] = row["time_to_target"] / alone_time if ok else None
+    return {"reference": reference, "target": target, "settings": rows}
+
+
+def mean_curve(seeds):
+    """The seeds' curves averaged epoch by epoch: mean seconds and mean mAP@0.5."""
+    epochs = min(len(r["curve"]) for r in seeds) if seeds else 0
+    return [
+        {
+            "epoch": index + 1,
+            "seconds": statistics.fmean(r["curve"][index]["seconds"] for r in seeds),
+            "mAP50": statistics.fmean(r["curve"][index]["mAP50"] for r in seeds),
+        }
+        for index in range(epochs)
+    ]
+
+
+def _cell(value, error, digits=3):
+    if value is None:
+        return "-"
+    if error is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ± {error:.{digits}f}"
+
+
+def format_accuracy(result):
+    """The result as a Markdown table, one row a setting, and a line on the target."""
+    config = result["config"]
+    where = (
+        f"{config['replicas']} workers over {config['link']}"
+        if config["link"] != "none"
+        else f"{config['replicas']} replicas in one process on one core (the clock is not a link's)"
+    )
+    lines = [
+        f"{where}; global batch {config['global_batch']}, {config['epochs']} epochs; target "
+        f"mAP@0.5 {result['target']:.3f} (on the validation records, during training); "
+        f"± one standard error over the seeds",
+        "",
+        f"| setting | seeds | mAP@0.5 | vs {result['reference']} (paired) | COCO AP | "
+        "time to target (s) | vs one worker alone |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["settings"]:
+        reached = "" if row["reached"] == row["seeds"] else f" ({row['reached']} reached)"
+        ratio = "-" if row["time_vs_alone"] is None else f"{row['time_vs_alone']:.2f}"
+        lines.append(
+            f"| {row['setting']} | {row['seeds']} | {_cell(row['mAP50'], row['mAP50_error'])} | "
+            f"{_cell(row['mAP50_vs_reference'], row['mAP50_vs_reference_error'])} | "
+            f"{_cell(row['AP'], row['AP_error'])} | "
+            f"{_cell(row['time_to_target'], row['time_to_target_error'], 0)}{reached} | {ratio} |"
+        )
+    return "\n".join(lines)
