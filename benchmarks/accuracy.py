@@ -31,18 +31,27 @@ around it (None: never reached). Per setting: the mean over seeds and its standa
 the reference paired by seed (the same seed draws the same data order and initial
 weights), with its standard error: what tells a difference of 0.02 from the noise between
 seeds.
+
+Each finished run leaves its figures in its folder (``accuracy_run.json``); a later
+invocation with the same ``--work`` takes them instead of training the run again when its
+command line is the same, so a benchmark stopped part way, or given more seeds or settings,
+trains only what is missing.
 """
 
 import dataclasses
+import json
 import math
+import shutil
 import statistics
 import time
 from pathlib import Path
 
 from benchmarks.recipe import BASE_FLAGS, check_exit, evaluate_run, prepare, yolo3_process
+from yolo3 import fileio
 from yolo3.callbacks.history import read_history
 
 ALONE = "alone"
+RECORD = "accuracy_run.json"  # a finished run's figures, in its folder
 CURVE_KEY = "val_mAP50"
 FINAL_METRICS = ("mAP50", "AP", "AP50", "AP75")
 
@@ -136,7 +145,26 @@ def _run_dir(config, name, seed):
     return Path(config.work) / "accuracy" / f"{name}-seed{seed}"
 
 
-def _finish(config, name, seed, run_dir, data, core, seconds, log):
+def _reused(run_dir, train, log):
+    """The run recorded in ``run_dir`` by an earlier invocation with the same command line
+    (a benchmark stopped part way goes on from its finished runs), or None; an unfinished
+    run's folder is removed, to train again."""
+    record = run_dir / RECORD
+    if record.exists():
+        run = json.loads(record.read_text())
+        if run["train"] != [str(a) for a in train]:
+            raise ValueError(
+                f"{run_dir} holds a run of another command line: use another --work, or "
+                "remove the folder"
+            )
+        log(f"{run['setting']}, seed {run['seed']}: finished before, in {run_dir}")
+        return run
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return None
+
+
+def _finish(config, name, seed, run_dir, data, core, seconds, log, train=()):
     curve = [
         {"epoch": r["epoch"], "seconds": r["seconds"], "mAP50": r[CURVE_KEY]}
         for r in read_history(run_dir)
@@ -154,6 +182,8 @@ def _finish(config, name, seed, run_dir, data, core, seconds, log):
         + f"; final mAP@0.5 {run['final']['mAP50']:.3f}, COCO AP {run['final']['AP']:.3f}, "
         f"{curve[-1]['seconds']:.0f} s"
     )
+    run["train"] = [str(a) for a in train]
+    fileio.write_json(run_dir / RECORD, run)
     return run
 
 
@@ -168,15 +198,20 @@ def _run_side_by_side(config, jobs, data, records, anchors, log):
             run_dir = _run_dir(config, name, seed)
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             train = _train_args(config, name, flags, seed, records, anchors, run_dir)
+            done = _reused(run_dir, train, log)
+            if done:
+                runs.append(done)
+                free.append(core)
+                continue
             log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
             process = yolo3_process(*train, core=core, log=f"{run_dir}.log")
-            running[process] = (name, seed, core, run_dir, time.perf_counter())
+            running[process] = (name, seed, core, run_dir, time.perf_counter(), train)
         time.sleep(1.0)
         for process in [p for p in running if p.poll() is not None]:
-            name, seed, core, run_dir, started = running.pop(process)
+            name, seed, core, run_dir, started, train = running.pop(process)
             check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
             seconds = time.perf_counter() - started
-            runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log))
+            runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log, train))
             free.append(core)
     return runs
 
@@ -192,6 +227,10 @@ def _run_linked(config, jobs, data, records, anchors, log):
             run_dir = _run_dir(config, name, seed)
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             train = _train_args(config, name, flags, seed, records, anchors, run_dir)
+            done = _reused(run_dir, train, log)
+            if done:
+                runs.append(done)
+                continue
             if name == ALONE:
                 core, wrap = config.cores[0], link.command
             else:
@@ -207,7 +246,8 @@ def _run_linked(config, jobs, data, records, anchors, log):
             what = f"training {name}, seed {seed} (log: {run_dir}.log)"
             check_exit(process, what, config.timeout)
             seconds = time.perf_counter() - started
-            runs.append(_finish(config, name, seed, run_dir, data, config.cores[0], seconds, log))
+            core = config.cores[0]
+            runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log, train))
     return runs
 
 

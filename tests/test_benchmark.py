@@ -766,3 +766,17 @@ def test_accuracy_summary_pairs_seeds_against_the_reference_and_one_worker_alone
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             dataclasses.replace(config, **bad)
+
+
+def test_accuracy_goes_on_from_the_runs_an_earlier_invocation_finished(tmp_path):
+    from benchmarks import accuracy
+
+    finished, unfinished = tmp_path / "a-seed0", tmp_path / "b-seed0"
+    finished.mkdir()
+    run = {"setting": "a", "seed": 0, "train": ["train", "--epochs", "6"]}
+    (finished / accuracy.RECORD).write_text(json.dumps(run))
+    assert accuracy._reused(finished, ("train", "--epochs", 6), print) == run
+    with pytest.raises(ValueError, match="another command line"):
+        accuracy._reused(finished, ("train", "--epochs", 7), print)
+    (unfinished / "checkpoints").mkdir(parents=True)  # killed part way: trained again
+    assert accuracy._reused(unfinished, ("train",), print) is None and not unfinished.exists()
