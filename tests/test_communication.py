@@ -125,7 +125,9 @@ def test_the_optimizer_reduction_is_replaced_in_one_place_under_a_source_check(m
 @pytest.mark.parametrize(
     "flags, message",
     [
-        ({"allreduce_dtype": "int8"}, "--allreduce-dtype 'int8'"),
+        ({"allreduce_dtype": "int16"}, "--allreduce-dtype 'int16'"),
+        ({"allreduce_dtype": "int8"}, "--allreduce-dtype int8 .* pass --local-steps H too"),
+        ({"allreduce_dtype": "int4", "compress": "powersgd"}, "--allreduce-dtype int4"),
         ({"compress": "zip"}, "--compress 'zip'"),
         ({"compress": "powersgd", "rank": 0}, "--rank 0"),
         ({"rank": -2}, "--rank -2"),
@@ -168,6 +170,7 @@ def test_communication_from_refuses_what_does_not_work(flags, message):
         ({"compress": "powersgd", "rank": 2, "precision": "mixed_bfloat16"}, PowerSGD, True),
         ({"local_steps": 4, "sync_bn": False, "precision": "mixed_float16"}, LocalSteps, False),
         ({"local_steps": 2, "overlap_sync": False}, LocalSteps, False),
+        ({"local_steps": 2, "allreduce_dtype": "int4"}, LocalSteps, False),
         ({"compress": "powersgd", "dense_steps": 5}, DenseWarmup, True),
         ({"local_steps": 2, "dense_steps": 5}, DenseWarmup, False),
     ],
@@ -192,7 +195,7 @@ def body():
     return tiny_model()  # 2 classes, 64 px
 
 
-def test_what_each_scheme_sends_and_logs(body):
+def test_what_each_scheme_sends_and_logs(body, strategy):
     trainable, weights = body.trainable_weights, body.weights
     plain = communication_from(allreduce_dtype="bfloat16")
     assert plain.bytes_per_step(body) == allreduce_bytes(trainable, "bfloat16")
@@ -217,6 +220,20 @@ def test_what_each_scheme_sends_and_logs(body):
         "none in the step; weight changes every 4 steps, sent during the next 1 step in "
         f"bfloat16 ({synced / 1e6:.2f} MB per worker; outer lr 0.7, Nesterov momentum 0.9)"
     )
+
+    # int8: the lanes widen with the replicas in sync (the strategy's, in its scope).
+    quantized = communication_from(allreduce_dtype="int8", local_steps=4)
+    sent = sync_bytes(weights, "int8", REPLICAS)
+    assert sent < sync_bytes(weights, "bfloat16")
+    with strategy.scope():
+        assert quantized.bytes_per_step(body) == sent / 4
+        described = quantized.describe(body)
+    assert described.endswith(
+        f"int8 ({sent / 1e6:.2f} MB per worker with 4 replicas, stochastic rounding; averaging)"
+    )
+    # The warm-up's whole gradient is not quantized: float32.
+    warmed = communication_from(allreduce_dtype="int4", local_steps=2, dense_steps=10)
+    assert warmed.describe(body).startswith("the whole gradient in float32 for the first 10 ")
 
     warmed = communication_from(local_steps=2, overlap_sync=True, dense_steps=100)
     assert warmed.bytes_per_step(body) == sync_bytes(weights) / 2  # after the warm-up

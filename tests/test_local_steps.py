@@ -510,6 +510,7 @@ def test_two_overlapped_workers_keep_their_own_optimizer_state_and_resume_from_i
         (("--overlap-sync", "2"), "--local-steps"),
         (("--local-steps", "2", "--overlap-sync", "3"), "--overlap-sync"),
         (("--local-steps", "2", "--overlap-sync", "0"), "--overlap-sync"),
+        (("--allreduce-dtype", "int4"), "--allreduce-dtype int4 quantizes"),
     ],
 )
 def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, named):

@@ -11,6 +11,9 @@ gradient, about 2.8 s at 100 Mbit/s. Two things shrink it:
   allows. bfloat16 has float32's range and needs no scale.
 - gradient accumulation (``YoloTrainer(accumulate=K)``): one all-reduce per K micro-batches.
 
+``int8`` and ``int4`` are for the weight changes of ``--local-steps`` only
+(:mod:`yolo3.comm.quantize`): a gradient is not sent in them.
+
 :func:`install_gradient_reducer` makes a Keras optimizer all-reduce through
 :func:`all_reduce_gradients`; :func:`communication_options` builds the
 ``tf.distribute.experimental.CommunicationOptions`` every collective of the job uses.
@@ -21,16 +24,26 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from yolo3.comm.quantize import LEVELS
 from yolo3.comm.reducer import install_reducer
 
-ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+# The values of --allreduce-dtype; the quantized ones (LEVELS) with --local-steps only.
+ALLREDUCE_DTYPES = FLOAT_DTYPES + tuple(LEVELS)
 FLOAT16_MAX = 65504.0
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
-def check_allreduce_dtype(dtype):
+def check_allreduce_dtype(dtype, *, local_steps=False):
+    """``dtype`` if ``--allreduce-dtype`` may take it; ``local_steps``: whether
+    ``--local-steps`` is on (int8 and int4 quantize its weight changes, not gradients)."""
     if dtype not in ALLREDUCE_DTYPES:
         raise ValueError(f"--allreduce-dtype {dtype!r}: use one of {ALLREDUCE_DTYPES}")
+    if dtype in LEVELS and not local_steps:
+        raise ValueError(
+            f"--allreduce-dtype {dtype} quantizes the weight changes of --local-steps, not "
+            f"gradients: pass --local-steps H too, or use one of {FLOAT_DTYPES}"
+        )
     return dtype
 
 
@@ -79,8 +92,11 @@ def all_reduce_gradients(grads, dtype="float32", options=None):
     """Sums ``grads`` (a list of tensors, no None) over the replicas, sent as ``dtype``.
 
     Must run in a replica context; with one replica it returns ``grads`` unchanged. The
-    result has each gradient's own dtype. One ``all_reduce`` call per dtype.
+    result has each gradient's own dtype. One ``all_reduce`` call per dtype. ``dtype`` is
+    one of :data:`FLOAT_DTYPES` (int8 and int4: :func:`yolo3.comm.quantize.quantized_mean`).
     """
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"all_reduce_gradients sends {FLOAT_DTYPES}, not {dtype!r}")
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1 or not grads:
         return list(grads)

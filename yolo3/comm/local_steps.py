@@ -51,6 +51,20 @@ sends (``position``) (none of these saved either: every save is a full synchroni
 after which nothing is in flight). All are ``ON_READ`` variables: each replica assigns its
 own copy; the anchors, buffers and ``received`` hold the same values on every replica,
 computed from all-reduced numbers.
+
+With ``--allreduce-dtype int8`` or ``int4`` (:mod:`yolo3.comm.quantize`) the changes travel
+as integers with stochastic rounding, in blocks that share a scale (the largest ``|value|``
+of the block on any replica, agreed by an all-gather at each synchronisation), packed in
+int64 words that one integer all-reduce sums exactly. The mean that arrives is within one
+rounding step (the block's scale over 127, or 7) of the exact mean, and unbiased. The
+weights that are not trainable when the state is built (the batch-norm statistics: a
+rounded variance could fall below zero) travel exactly, in float32, in the scales'
+all-gather. With ``overlap`` the change is quantized when it goes out: ``sent`` and
+``received`` hold packed words (this replica's, and their sum as far as it has arrived),
+``scales`` the shared scales, ``exact_mean`` the statistics' mean change, and ``own`` this
+replica's change itself, from which each replica's steps since it went out are told. A
+counter (``draws``, each replica's, not saved: it restarts at a resume) numbers the
+roundings, so that each draws new numbers.
 """
 
 import math
@@ -59,14 +73,26 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from yolo3.comm import quantize
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
 from yolo3.comm.reducer import install_reducer
 
 
-def sync_bytes(variables, dtype="float32"):
-    """Bytes one replica's synchronisation all-reduces: every float variable in ``dtype``."""
-    elements = sum(int(np.prod(v.shape)) for v in variables if _is_float(v))
-    return elements * BYTES_PER_ELEMENT[dtype]
+def sync_bytes(variables, dtype="float32", replicas=None):
+    """Bytes one replica's synchronisation all-reduces: every float variable in ``dtype``.
+
+    int8 and int4 (:func:`yolo3.comm.quantize.quantized_bytes`; the variables that are not
+    trainable travel exactly) depend on the number of replicas in sync, ``replicas`` (None:
+    the strategy in scope's).
+    """
+    floats = [v for v in variables if _is_float(v)]
+    sizes = [int(np.prod(v.shape)) for v in floats]
+    if dtype in quantize.LEVELS:
+        if replicas is None:
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        rounded, exact = quantize.partition(sizes, [not v.trainable for v in floats])
+        return quantize.quantized_bytes(rounded, dtype, replicas, exact)
+    return sum(sizes) * BYTES_PER_ELEMENT[dtype]
 
 
 def optimizer_slots(variables):
@@ -132,7 +158,8 @@ class LocalStepsState(keras.layers.Layer):
         weights: the model's weights (float ones are synchronised; the rest are left alone).
         local_steps: ``H``, optimizer steps between synchronisations.
         outer_lr, outer_momentum: the outer step (see the module's docstring).
-        allreduce_dtype: the dtype the weight changes travel in.
+        allreduce_dtype: the dtype the weight changes travel in (int8 and int4 with more
+            than one replica in sync: quantized, see the module's docstring).
         overlap: False, ``T`` (1 to ``H``) or True (``H``): the changes travel during the
             next period's first ``T`` steps (see the module's docstring).
 
@@ -163,6 +190,13 @@ class LocalStepsState(keras.layers.Layer):
         self.in_flight = False  # a change sent at the last period end, not yet applied
         self.steps_since_sync = 0
         self._weights_synced = [w for w in weights if _is_float(w)]
+        # int8/int4: these travel exactly (see the module's docstring).
+        self._exact = tuple(not w.trainable for w in self._weights_synced)
+        # With one replica nothing travels: nothing to quantize either.
+        self._replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self.quantized = (
+            allreduce_dtype in quantize.LEVELS and self._replicas > 1 and not all(self._exact)
+        )
         on_read = tf.VariableSynchronization.ON_READ
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
@@ -199,13 +233,27 @@ class LocalStepsState(keras.layers.Layer):
             steps = self.overlap_steps
             rows = (steps, math.ceil(sum(self._sizes) / steps))
             dtype = dtypes.pop()
+            own = ()
+            if self.quantized:  # packed words travel; each replica keeps its change
+                rounded, exact = quantize.partition(self._sizes, self._exact)
+                blocks = quantize.num_blocks(rounded)
+                levels = quantize.levels_of(allreduce_dtype)
+                words = quantize.num_words(blocks, levels, self._replicas)
+                own = (
+                    per_replica("own", tf.zeros(rows, dtype)),
+                    per_replica("scales", tf.zeros((blocks,), tf.float32)),
+                    per_replica("exact_mean", tf.zeros((sum(exact),), tf.float32)),
+                )
+                rows, dtype = (steps, math.ceil(words / steps)), tf.int64
             in_flight = (
                 per_replica("sent", tf.zeros(rows, dtype)),
                 per_replica("received", tf.zeros((steps + 1, rows[1]), dtype)),
                 per_replica("position", tf.fill((), steps)),  # T: nothing to send
+                *own,
             )
+        draws = (per_replica("draws", tf.zeros((), tf.int64)),) if self.quantized else ()
         # Kept in a tuple: plain tf.Variables that Keras does not collect as weights.
-        self._state = (anchors, buffers, in_flight)
+        self._state = (anchors, buffers, in_flight, draws)
         self._functions = {}
         self.built = True
 
@@ -288,7 +336,11 @@ class LocalStepsState(keras.layers.Layer):
         # (segmentation fault) within a few hundred all-reduces of zero elements.
         size = tf.where(position < steps, width, 1)
         chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
-        (mean,) = self._mean([chunk])
+        if self.quantized:  # packed words: their sum, decoded when all has arrived
+            context = tf.distribute.get_replica_context()
+            mean = context.all_reduce(tf.distribute.ReduceOp.SUM, chunk)
+        else:
+            (mean,) = self._mean([chunk])
         mean = tf.pad(mean, [[0, width - size]])
         # In place, one row (ON_READ variables have no scatter_update; in replica context
         # their handle is this replica's own copy).
@@ -335,6 +387,25 @@ class LocalStepsState(keras.layers.Layer):
     def position(self):
         return self._state[2][2]
 
+    @property
+    def own(self):
+        """This replica's change in flight (``overlap``): ``sent`` itself, or with
+        int8/int4 the float change that ``sent`` holds quantized."""
+        return self._state[2][3] if self.quantized else self.sent
+
+    @property
+    def scales(self):
+        return self._state[2][4]
+
+    @property
+    def exact_mean(self):
+        return self._state[2][5]
+
+    @property
+    def draws(self):
+        """How many roundings this replica has made (int8/int4): the next one's seed."""
+        return self._state[3][0]
+
     def _replica_reset(self):
         for anchor, weight in zip(self.anchors, self._weights_synced):
             anchor.assign(_tensor(weight))
@@ -343,6 +414,8 @@ class LocalStepsState(keras.layers.Layer):
 
     def _mean(self, tensors, dtype=None):
         """The mean over replicas of each of ``tensors``, sent in ``dtype``."""
+        if self.quantized:
+            return quantize.quantized_mean(tensors, self.allreduce_dtype, self._seed(), self._exact)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         totals = all_reduce_gradients(tensors, dtype or self.allreduce_dtype)
         return [t / tf.cast(replicas, t.dtype) for t in totals]
@@ -367,6 +440,12 @@ class LocalStepsState(keras.layers.Layer):
             new_anchors.append(value)
         return new_anchors
 
+    def _seed(self):
+        """The stateless seed of the next rounding: this replica's, a new one each time."""
+        seed = quantize.replica_seed(tf.identity(self.draws))
+        self.draws.assign_add(1)
+        return seed
+
     def _replica_sync(self, trainable):
         anchors = [tf.identity(a) for a in self.anchors]
         deltas = [a - _tensor(w) for a, w in zip(anchors, self._weights_synced)]
@@ -378,16 +457,48 @@ class LocalStepsState(keras.layers.Layer):
         pieces = tf.split(flat, self._sizes)
         return [tf.reshape(p, w.shape) for p, w in zip(pieces, self._weights_synced)]
 
-    def _rows(self, tensors):
+    def _rows(self, tensors, like=None):
+        """``tensors`` flattened into one, padded with zeros to the shape of ``like`` (a
+        ``(T, chunk)`` buffer; by default ``own``)."""
+        shape = (self.own if like is None else like).shape
         flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-        padding = self.sent.shape[0] * self.sent.shape[1] - sum(self._sizes)
-        return tf.reshape(tf.pad(flat, [[0, padding]]), self.sent.shape)
+        padding = shape[0] * shape[1] - int(flat.shape[0])
+        return tf.reshape(tf.pad(flat, [[0, padding]]), shape)
 
     def _replica_send(self):
-        """This period's change goes out, over the next T steps; the weights stay."""
+        """This period's change goes out, over the next T steps; the weights stay. With
+        int8/int4 it is quantized now (the shared scales: an all-gather)."""
         changes = [a - _tensor(w) for a, w in zip(self.anchors, self._weights_synced)]
-        self.sent.assign(self._rows(changes))
+        self.own.assign(self._rows(changes))
+        if self.quantized:
+            rounded, exact = quantize.partition(changes, self._exact)
+            blocks = quantize.to_blocks(rounded)
+            scales, exact_mean = quantize.share(blocks, quantize.flatten(exact))
+            self.scales.assign(scales)
+            self.exact_mean.assign(exact_mean)
+            words = quantize.encode(blocks, scales, self.allreduce_dtype, self._seed())
+            self.sent.assign(self._rows([words], like=self.sent))
         self.position.assign(0)
+
+    def _arrived(self, in_flight, *, full):
+        """The mean change in flight, per weight: all arrived, or with ``full`` sent now in
+        one piece (``in_flight``: ``own``'s value)."""
+        if not self.quantized:
+            if full:
+                return self._pieces(self._mean([in_flight])[0])
+            return self._pieces(tf.identity(self.received)[: self.overlap_steps])
+        if full:
+            context = tf.distribute.get_replica_context()
+            words = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(self.sent))
+        else:
+            words = tf.identity(self.received)[: self.overlap_steps]
+        mean = quantize.decode_mean(
+            tf.reshape(words, [-1]), tf.identity(self.scales), self.allreduce_dtype, self._replicas
+        )
+        rounded, exact = quantize.partition(self._weights_synced, self._exact)
+        means = quantize.from_blocks(mean, rounded)
+        exact_means = quantize.unflatten(tf.identity(self.exact_mean), exact)
+        return quantize.merge(means, exact_means, self._exact)
 
     def _replica_land(self, trainable, *, full):
         """The outer step with the mean of the change in flight (all arrived, or with
@@ -395,11 +506,8 @@ class LocalStepsState(keras.layers.Layer):
         own steps since the change was sent, or with ``full`` everyone from the anchor
         moved by their mean too."""
         anchors = [tf.identity(a) for a in self.anchors]
-        in_flight = tf.identity(self.sent)
-        if full:
-            means = self._pieces(self._mean([in_flight])[0])
-        else:
-            means = self._pieces(tf.identity(self.received)[: self.overlap_steps])
+        in_flight = tf.identity(self.own)
+        means = self._arrived(in_flight, full=full)
         # The steps since the change was sent, which started at the old anchor less it.
         since = [
             a - old - _tensor(w)

@@ -30,7 +30,10 @@ The interface, in the order a run calls it:
 An object holds the state it built for one trainer: make one per trainer.
 """
 
+import tensorflow as tf
+
 from yolo3.comm.allreduce import (
+    FLOAT_DTYPES,
     allreduce_bytes,
     check_allreduce_dtype,
     install_gradient_reducer,
@@ -181,7 +184,11 @@ class LocalSteps(Communication):
         overlap: None, or ``T`` (True: ``H``): each period's weight changes travel during
             the first ``T`` steps of the next period, a chunk in each train step beside its
             computation, and are applied there, ``T`` steps late.
-        dtype: the dtype the weight changes travel in.
+        dtype: the dtype the weight changes travel in (int8 and int4: quantized, see
+            :mod:`yolo3.comm.quantize`).
+        replicas: the replicas in sync, which the bytes of int8 and int4 depend on; None:
+            the strategy in scope's when the bytes are asked for (train.py asks under the
+            run's strategy).
 
     ``state`` is a :class:`yolo3.comm.local_steps.LocalStepsState`, built from the body's
     weights as they are at ``compile``.
@@ -189,12 +196,16 @@ class LocalSteps(Communication):
 
     all_reduces_in_step = False
 
-    def __init__(self, steps, outer_lr=1.0, outer_momentum=0.0, overlap=None, dtype="float32"):
+    def __init__(
+        self, steps, outer_lr=1.0, outer_momentum=0.0, overlap=None, dtype="float32",
+        replicas=None,
+    ):  # fmt: skip
         self.steps = int(steps)
         self.outer_lr = float(outer_lr)
         self.outer_momentum = float(outer_momentum)
         self.overlap = self.steps if overlap is True else int(overlap) if overlap else None
         self.dtype = dtype
+        self.replicas = replicas
 
     def build(self, body, status):
         super().build(body, status)
@@ -231,10 +242,14 @@ class LocalSteps(Communication):
         return list(trainer.variables) + shared
 
     def bytes_per_step(self, body):
-        return sync_bytes(body.weights, self.dtype) / self.steps
+        return sync_bytes(body.weights, self.dtype, self.replicas) / self.steps
 
     def describe(self, body):
-        sent = sync_bytes(body.weights, self.dtype)
+        sent = sync_bytes(body.weights, self.dtype, self.replicas)
+        per_worker = "MB per worker"
+        if self.dtype not in FLOAT_DTYPES:  # the lanes widen with the replicas
+            replicas = self.replicas or tf.distribute.get_strategy().num_replicas_in_sync
+            per_worker += f" with {replicas} replicas, stochastic rounding"
         outer = "averaging"
         if self.outer_lr != 1.0 or self.outer_momentum:
             outer = f"outer lr {self.outer_lr:g}, Nesterov momentum {self.outer_momentum:g}"
@@ -243,14 +258,15 @@ class LocalSteps(Communication):
             when += f", sent during the next {self.overlap} step{'s' if self.overlap > 1 else ''}"
         return (
             f"none in the step; weight changes {when} in "
-            f"{self.dtype} ({sent / 1e6:.2f} MB per worker; {outer})"
+            f"{self.dtype} ({sent / 1e6:.2f} {per_worker}; {outer})"
         )
 
 
 class DenseWarmup(Communication):
     """The first ``steps`` optimizer steps all-reduce the whole gradient (in ``then``'s
-    dtype) as ordinary training does; from then on ``then`` (PowerSGD or local steps), in a
-    rebuilt train function. PowerSGD's authors start compression after such a warm-up.
+    dtype, float32 where that is int8 or int4) as ordinary training does; from then on
+    ``then`` (PowerSGD or local steps), in a rebuilt train function. PowerSGD's authors
+    start compression after such a warm-up.
 
     Decided by the optimizer's step counter, so a resumed run switches at the same step.
     While it lasts, ``status.dense_phase`` is True (:class:`yolo3.callbacks.LocalSync`
@@ -261,6 +277,8 @@ class DenseWarmup(Communication):
         self.steps = int(steps)
         self.then = then
         self.dtype = then.dtype
+        # int8 and int4 quantize local steps' weight changes: the gradient goes in float32.
+        self.gradient_dtype = then.dtype if then.dtype in FLOAT_DTYPES else "float32"
 
     @property
     def state(self):
@@ -277,7 +295,7 @@ class DenseWarmup(Communication):
 
     def install(self, optimizer):
         if self.status.dense_phase:
-            install_gradient_reducer(optimizer, self.dtype)
+            install_gradient_reducer(optimizer, self.gradient_dtype)
         else:
             self.then.install(optimizer)
 
@@ -321,7 +339,8 @@ class DenseWarmup(Communication):
 
     def describe(self, body):
         then = self.then.describe(body)
-        return f"the whole gradient for the first {self.steps} steps, then {then}"
+        gradient = "" if self.gradient_dtype == self.dtype else f" in {self.gradient_dtype}"
+        return f"the whole gradient{gradient} for the first {self.steps} steps, then {then}"
 
 
 def communication_from(
@@ -340,7 +359,8 @@ def communication_from(
     """The :class:`Communication` of ``yolo3 train``'s flags of the same names.
 
     Args:
-        allreduce_dtype: ``--allreduce-dtype``: float32, bfloat16 or float16.
+        allreduce_dtype: ``--allreduce-dtype``: float32, bfloat16 or float16; int8 or int4
+            with ``local_steps`` only.
         compress, rank: ``--compress`` (none or powersgd) and ``--rank``.
         local_steps, outer_lr, outer_momentum: ``--local-steps`` (None: off) and its outer
             step.
@@ -354,7 +374,7 @@ def communication_from(
     Raises:
         ValueError: naming the flags, when a value is unusable or two do not go together.
     """
-    check_allreduce_dtype(allreduce_dtype)
+    check_allreduce_dtype(allreduce_dtype, local_steps=local_steps is not None)
     _check_compression(compress, rank)
     _check_local_steps(local_steps, outer_lr, outer_momentum, overlap_sync)
     if local_steps is not None and compress != "none":
