@@ -119,7 +119,7 @@ class ScalingConfig:
                     f"--settings {accumulate}:{dtype}:local{local}: --steps "
                     f"{self.step.steps} must be a multiple of H"
                 )
-            check_allreduce_dtype(dtype)
+            check_allreduce_dtype(dtype, local_steps=bool(local))
         if self.sync_bn not in SYNC_BN_CHOICES:
             raise ValueError(f"--sync-bn {self.sync_bn!r}: use one of {SYNC_BN_CHOICES}")
         if self.workers < 2:

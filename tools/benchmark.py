@@ -391,7 +391,8 @@ def _setting(text):
             "(H >= 1 local steps between synchronisations) or overlapH[/T] (the same, each "
             "synchronisation sent during the next H steps), e.g. 1:float32:powersgd4"
         )
-    return int(accumulate), check_allreduce_dtype(dtype or "float32"), rank, local, overlap
+    dtype = check_allreduce_dtype(dtype or "float32", local_steps=bool(local))
+    return int(accumulate), dtype, rank, local, overlap
 
 
 def _run_detect(args):
