@@ -109,13 +109,15 @@ def test_nesterov_outer_steps_match_numpy(strategy):
     )
 
 
-@pytest.mark.parametrize("delay", [1, 2])
-def test_overlapped_synchronisations_match_numpy(strategy, delay):
+@pytest.mark.parametrize("delay, merge", [(1, "own"), (2, "own"), (2, "eager")])
+def test_overlapped_synchronisations_match_numpy(strategy, delay, merge):
     # H = 2. Each period's changes travel during the first T steps of the next period (a
     # chunk a step) and move the anchor there; each replica goes on from the anchor with its
-    # own steps since. A full synchronisation lands what is in flight.
+    # own steps since. A full synchronisation lands what is in flight. Eager: while a change
+    # travels a replica goes on from the anchor less its own change over W plus the others'
+    # share of the last mean that landed.
     lr, mu = 0.7, 0.9
-    weights = Weights(strategy, outer_lr=lr, outer_momentum=mu, overlap=delay)
+    weights = Weights(strategy, outer_lr=lr, outer_momentum=mu, overlap=delay, merge=merge)
     state = weights.state
     state.trace(strategy)  # traces the period's end, runs nothing (the oracle below agrees)
     exchange = tf.function(lambda: strategy.run(state.exchange))
@@ -124,6 +126,7 @@ def test_overlapped_synchronisations_match_numpy(strategy, delay):
     anchor = {"kernel": np.zeros((3, 2)), "stat": np.ones(2)}
     held = {name: [value] * REPLICAS for name, value in anchor.items()}
     sent = {name: [np.zeros_like(value)] * REPLICAS for name, value in anchor.items()}
+    stale = {name: [np.zeros_like(value)] * REPLICAS for name, value in anchor.items()}
     buffer = np.zeros((3, 2))
     in_flight, since_sent = False, 0
 
@@ -134,9 +137,16 @@ def test_overlapped_synchronisations_match_numpy(strategy, delay):
         buffer = mu * buffer + mean
         return anchor[name] - lr * (mean + mu * buffer)
 
+    def applied(name):  # what each replica went on from at the send, less the anchor
+        if merge == "own":
+            return sent[name]
+        return [s / REPLICAS + o for s, o in zip(sent[name], stale[name])]
+
     def land(name):  # the outer step with the mean sent; returns each replica's own since
-        since = [anchor[name] - s - w for s, w in zip(sent[name], held[name])]
-        anchor[name] = outer(name, np.mean(sent[name], axis=0))
+        since = [anchor[name] - a - w for a, w in zip(applied(name), held[name])]
+        mean = np.mean(sent[name], axis=0)
+        anchor[name] = outer(name, mean)
+        stale[name] = [mean - s / REPLICAS for s in sent[name]]
         return since
 
     for period in range(4):
@@ -155,16 +165,20 @@ def test_overlapped_synchronisations_match_numpy(strategy, delay):
                 for name in names:
                     held[name] = [anchor[name] - d for d in land(name)]
                 in_flight = False
+                if merge == "eager":  # the next send's estimate of the others' share
+                    assert np.abs(stale["kernel"][0]).max() > 1e-3
         if full:
             state.synchronize(strategy, [weights.slot])
             for name in names:
                 since = land(name) if in_flight else [anchor[name] - w for w in held[name]]
                 anchor[name] = outer(name, np.mean(since, axis=0))
                 held[name] = [anchor[name]] * REPLICAS
+                stale[name] = [np.zeros_like(anchor[name])] * REPLICAS
         else:
-            state.synchronize(strategy)  # sends: the weights stay
+            state.synchronize(strategy)  # sends: the weights stay (eager: the estimate)
             for name in names:
                 sent[name] = [anchor[name] - w for w in held[name]]
+                held[name] = [anchor[name] - a for a in applied(name)]
             in_flight, since_sent = True, 0
         for name in names:
             for copy, want in zip(_copies(strategy, getattr(weights, name)), held[name]):
@@ -511,6 +525,7 @@ def test_two_overlapped_workers_keep_their_own_optimizer_state_and_resume_from_i
         (("--local-steps", "2", "--overlap-sync", "3"), "--overlap-sync"),
         (("--local-steps", "2", "--overlap-sync", "0"), "--overlap-sync"),
         (("--allreduce-dtype", "int4"), "--allreduce-dtype int4 quantizes"),
+        (("--local-steps", "2", "--overlap-merge", "eager"), "--overlap-merge says"),
     ],
 )
 def test_local_steps_flags_reject_bad_values(setup, tmp_path, capsys, flags, named):

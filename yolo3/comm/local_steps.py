@@ -43,6 +43,16 @@ the new anchor plus its own steps since the change went out. Every change is app
 DiLoCo, Douillard et al., 2025). A full synchronisation completes whatever is in flight and
 leaves every replica at the same weights with nothing in flight, as without overlap.
 
+While a change travels, each replica goes on from its own weights (``merge="own"``): its
+own change is applied at once and whole, the others' arrive ``T`` steps late; with
+``T = H`` the replicas then drift apart for two periods. With ``merge="eager"`` (eager
+updates, Kale, Douillard and Donchev, 2025) each replica goes on from the anchor moved by
+an *estimate* of the mean change: its own change over ``W`` (its share of the mean) plus
+the others' share of the mean that landed last (their last change standing in for the one
+still on its way). When the mean lands, the estimate is replaced by it, as the change is
+under ``"own"``. After a full synchronisation (and at the start) the others' share is
+zero, so a run resumed from a save goes on as the uninterrupted one.
+
 State (:class:`LocalStepsState`, a layer saved with the trainer): the anchors (the weights
 at the last synchronisation; not saved, since every save is a synchronisation) and the
 outer momentum buffers, and with ``overlap`` the change in flight (``sent``, this
@@ -76,6 +86,10 @@ import tensorflow as tf
 from yolo3.comm import quantize
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
 from yolo3.comm.reducer import install_reducer
+
+# --overlap-merge: where a replica goes on from while its change travels.
+MERGES = ("own", "eager")
+DEFAULT_MERGE = "own"
 
 
 def sync_bytes(variables, dtype="float32", replicas=None):
@@ -162,6 +176,9 @@ class LocalStepsState(keras.layers.Layer):
             than one replica in sync: quantized, see the module's docstring).
         overlap: False, ``T`` (1 to ``H``) or True (``H``): the changes travel during the
             next period's first ``T`` steps (see the module's docstring).
+        merge: with ``overlap``, where each replica goes on from while its change travels:
+            ``"own"`` (its own weights) or ``"eager"`` (the anchor moved by an estimate of
+            the mean change; see the module's docstring).
 
     The values are taken as given: :func:`yolo3.comm.schemes.communication_from` is where
     the flags they come from are checked.
@@ -176,6 +193,7 @@ class LocalStepsState(keras.layers.Layer):
         outer_momentum=0.0,
         allreduce_dtype="float32",
         overlap=False,
+        merge=DEFAULT_MERGE,
         name="local_steps",
     ):
         super().__init__(name=name, trainable=False)
@@ -187,6 +205,9 @@ class LocalStepsState(keras.layers.Layer):
         if overlap:
             self.overlap_steps = self.local_steps if overlap is True else int(overlap)
         self.overlap = self.overlap_steps is not None
+        if merge not in MERGES:
+            raise ValueError(f"--overlap-merge {merge!r}: use one of {MERGES}")
+        self.eager = self.overlap and merge == "eager"
         self.in_flight = False  # a change sent at the last period end, not yet applied
         self.steps_since_sync = 0
         self._weights_synced = [w for w in weights if _is_float(w)]
@@ -252,8 +273,14 @@ class LocalStepsState(keras.layers.Layer):
                 *own,
             )
         draws = (per_replica("draws", tf.zeros((), tf.int64)),) if self.quantized else ()
+        # eager: the others' share of the last mean that landed, (W - 1) / W of their mean
+        # change, in the rows of ``own``; zero after a full synchronisation.
+        stale = ()
+        if self.eager:
+            own = in_flight[3] if self.quantized else in_flight[0]
+            stale = (per_replica("stale", tf.zeros(own.shape, own.dtype)),)
         # Kept in a tuple: plain tf.Variables that Keras does not collect as weights.
-        self._state = (anchors, buffers, in_flight, draws)
+        self._state = (anchors, buffers, in_flight, draws, stale)
         self._functions = {}
         self.built = True
 
@@ -365,7 +392,7 @@ class LocalStepsState(keras.layers.Layer):
             @tf.function
             def function():
                 values = strategy.run(replica_fn)
-                if kind in ("reset", "send"):
+                if kind == "reset" or (kind == "send" and not self.eager):
                     return
                 for variable, value in zip(self._weights_synced, values):
                     _assign(strategy, variable, value)
@@ -402,6 +429,11 @@ class LocalStepsState(keras.layers.Layer):
         return self._state[2][5]
 
     @property
+    def stale(self):
+        """``eager``: the others' share of the last mean that landed (in ``own``'s rows)."""
+        return self._state[4][0]
+
+    @property
     def draws(self):
         """How many roundings this replica has made (int8/int4): the next one's seed."""
         return self._state[3][0]
@@ -411,6 +443,22 @@ class LocalStepsState(keras.layers.Layer):
             anchor.assign(_tensor(weight))
         if self.overlap:
             self.position.assign(self.overlap_steps)  # nothing to send
+        self._forget_stale()
+
+    def _forget_stale(self):
+        """After a reset or a full synchronisation every replica holds the same weights:
+        the next send's estimate starts from its own change alone (so a run resumed from a
+        save, where nothing else is kept, goes on as the uninterrupted one)."""
+        if self.eager:
+            self.stale.assign(tf.zeros_like(self.stale))
+
+    def _applied(self, own):
+        """What a replica's weights went on from at the send, less the anchor: its own
+        change, or with ``eager`` the estimate of the mean (its own share plus the others'
+        share of the last mean that landed)."""
+        if not self.eager:
+            return own
+        return own / tf.cast(self._replicas, own.dtype) + tf.identity(self.stale)
 
     def _mean(self, tensors, dtype=None):
         """The mean over replicas of each of ``tensors``, sent in ``dtype``."""
@@ -449,6 +497,7 @@ class LocalStepsState(keras.layers.Layer):
     def _replica_sync(self, trainable):
         anchors = [tf.identity(a) for a in self.anchors]
         deltas = [a - _tensor(w) for a, w in zip(anchors, self._weights_synced)]
+        self._forget_stale()
         return self._outer_step(trainable, anchors, self._mean(deltas))
 
     def _pieces(self, rows):
@@ -479,6 +528,10 @@ class LocalStepsState(keras.layers.Layer):
             words = quantize.encode(blocks, scales, self.allreduce_dtype, self._seed())
             self.sent.assign(self._rows([words], like=self.sent))
         self.position.assign(0)
+        if self.eager:  # the weights go on from the anchor moved by the estimate
+            estimate = self._pieces(self._applied(tf.identity(self.own)))
+            return [a - e for a, e in zip(self.anchors, estimate)]
+        return None
 
     def _arrived(self, in_flight, *, full):
         """The mean change in flight, per weight: all arrived, or with ``full`` sent now in
@@ -508,15 +561,18 @@ class LocalStepsState(keras.layers.Layer):
         anchors = [tf.identity(a) for a in self.anchors]
         in_flight = tf.identity(self.own)
         means = self._arrived(in_flight, full=full)
-        # The steps since the change was sent, which started at the old anchor less it.
-        since = [
-            a - old - _tensor(w)
-            for a, old, w in zip(anchors, self._pieces(in_flight), self._weights_synced)
-        ]
+        # The steps since the change was sent, which started at the old anchor less what
+        # was applied then (the change itself, or eager's estimate).
+        applied = self._pieces(self._applied(in_flight))
+        since = [a - old - _tensor(w) for a, old, w in zip(anchors, applied, self._weights_synced)]
         anchors = self._outer_step(trainable, anchors, means)
         self.position.assign(self.overlap_steps)
         if full:
+            self._forget_stale()
             return self._outer_step(trainable, anchors, self._mean(since))
+        if self.eager:  # the others' share of this mean: the next send's estimate of theirs
+            share = in_flight / tf.cast(self._replicas, in_flight.dtype)
+            self.stale.assign(self._rows(means) - share)
         return [a - d for a, d in zip(anchors, since)]
 
     # -- checkpoints -------------------------------------------------------------------

@@ -39,6 +39,8 @@ from yolo3.comm.allreduce import (
     install_gradient_reducer,
 )
 from yolo3.comm.local_steps import (
+    DEFAULT_MERGE,
+    MERGES,
     LocalStepsState,
     install_local_reducer,
     optimizer_slots,
@@ -184,6 +186,8 @@ class LocalSteps(Communication):
         overlap: None, or ``T`` (True: ``H``): each period's weight changes travel during
             the first ``T`` steps of the next period, a chunk in each train step beside its
             computation, and are applied there, ``T`` steps late.
+        merge: with ``overlap``: ``"own"`` or ``"eager"``
+            (:class:`yolo3.comm.local_steps.LocalStepsState`).
         dtype: the dtype the weight changes travel in (int8 and int4: quantized, see
             :mod:`yolo3.comm.quantize`).
         replicas: the replicas in sync, which the bytes of int8 and int4 depend on; None:
@@ -198,7 +202,7 @@ class LocalSteps(Communication):
 
     def __init__(
         self, steps, outer_lr=1.0, outer_momentum=0.0, overlap=None, dtype="float32",
-        replicas=None,
+        replicas=None, merge=DEFAULT_MERGE,
     ):  # fmt: skip
         self.steps = int(steps)
         self.outer_lr = float(outer_lr)
@@ -206,6 +210,7 @@ class LocalSteps(Communication):
         self.overlap = self.steps if overlap is True else int(overlap) if overlap else None
         self.dtype = dtype
         self.replicas = replicas
+        self.merge = merge
 
     def build(self, body, status):
         super().build(body, status)
@@ -217,6 +222,7 @@ class LocalSteps(Communication):
                 outer_momentum=self.outer_momentum,
                 allreduce_dtype=self.dtype,
                 overlap=self.overlap or False,
+                merge=self.merge,
             )
 
     def install(self, optimizer):
@@ -256,6 +262,8 @@ class LocalSteps(Communication):
         when = f"every {self.steps} steps"
         if self.overlap:
             when += f", sent during the next {self.overlap} step{'s' if self.overlap > 1 else ''}"
+            if self.merge == "eager":
+                when += " (eager)"
         return (
             f"none in the step; weight changes {when} in "
             f"{self.dtype} ({sent / 1e6:.2f} {per_worker}; {outer})"
@@ -353,6 +361,7 @@ def communication_from(
     overlap_sync=None,
     dense_steps=0,
     *,
+    overlap_merge=None,
     sync_bn=None,
     precision=None,
 ):
@@ -365,6 +374,8 @@ def communication_from(
         local_steps, outer_lr, outer_momentum: ``--local-steps`` (None: off) and its outer
             step.
         overlap_sync: ``--overlap-sync``: None (or False), ``T``, or True (``H``).
+        overlap_merge: ``--overlap-merge``: ``own`` or ``eager`` with ``overlap_sync``; None:
+            :data:`yolo3.comm.local_steps.DEFAULT_MERGE`.
         dense_steps: ``--dense-steps``: optimizer steps of the whole gradient first.
         sync_bn: ``--sync-bn``: True (on) is refused with local steps; None and False pass.
         precision: the mixed precision in force, as the flag (``float16``) or the Keras
@@ -377,6 +388,14 @@ def communication_from(
     check_allreduce_dtype(allreduce_dtype, local_steps=local_steps is not None)
     _check_compression(compress, rank)
     _check_local_steps(local_steps, outer_lr, outer_momentum, overlap_sync)
+    if overlap_merge is not None:
+        if overlap_merge not in MERGES:
+            raise ValueError(f"--overlap-merge {overlap_merge!r}: use one of {MERGES}")
+        if overlap_sync is None or overlap_sync is False:
+            raise ValueError(
+                "--overlap-merge says where replicas go on from while --overlap-sync sends "
+                "their changes: pass --local-steps H --overlap-sync T too"
+            )
     if local_steps is not None and compress != "none":
         raise ValueError(
             "--local-steps and --compress powersgd are two answers to one problem: the "
@@ -397,7 +416,10 @@ def communication_from(
             "--compress powersgd or --local-steps takes over: pass one of them too"
         )
     if local_steps is not None:
-        scheme = LocalSteps(local_steps, outer_lr, outer_momentum, overlap_sync, allreduce_dtype)
+        merge = overlap_merge or DEFAULT_MERGE
+        scheme = LocalSteps(
+            local_steps, outer_lr, outer_momentum, overlap_sync, allreduce_dtype, merge=merge
+        )
     elif compress == "powersgd":
         scheme = PowerSGD(rank, allreduce_dtype)
     else:

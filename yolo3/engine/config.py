@@ -21,6 +21,7 @@ from yolo3.cli import (
     progress_setting,
 )
 from yolo3.comm.allreduce import ALLREDUCE_DTYPES
+from yolo3.comm.local_steps import DEFAULT_MERGE, MERGES
 from yolo3.comm.powersgd import COMPRESSIONS
 from yolo3.comm.schemes import communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
@@ -334,6 +335,15 @@ class TrainConfig:
         "steps of the next period (1 <= T <= H), a chunk in each step while it computes, "
         "and apply them there, T steps late (no step waits for the link)",
     )
+    overlap_merge: str | None = setting(
+        None,
+        group="communication",
+        choices=MERGES,
+        help="with --overlap-sync: where each replica goes on from while its change travels: "
+        "own (its own weights, the others' changes T steps late) or eager (the anchor moved "
+        "by an estimate of the mean: its own share plus the others' last one; Kale et al. "
+        f"2025); default {DEFAULT_MERGE}",
+    )
     dense_steps: int = setting(
         0,
         group="communication",
@@ -521,6 +531,7 @@ class TrainConfig:
             self.outer_momentum,
             self.overlap_sync,
             self.dense_steps,
+            overlap_merge=self.overlap_merge,
             sync_bn=self.sync_bn,
             precision=precision,
         )
