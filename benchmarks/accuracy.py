@@ -46,7 +46,14 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.recipe import BASE_FLAGS, check_exit, evaluate_run, prepare, yolo3_process
+from benchmarks.recipe import (
+    BASE_FLAGS,
+    check_exit,
+    evaluate_run,
+    prepare,
+    side_by_side,
+    yolo3_process,
+)
 from yolo3 import fileio
 from yolo3.callbacks.history import read_history
 
@@ -187,32 +194,36 @@ def _finish(config, name, seed, run_dir, data, core, seconds, log, train=()):
     return run
 
 
+def _start(config, job, records, anchors, log):
+    """A job's folder and ``yolo3 train`` arguments, and its recorded run if an earlier
+    invocation finished it (else None)."""
+    name, flags, seed = job
+    run_dir = _run_dir(config, name, seed)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    train = _train_args(config, name, flags, seed, records, anchors, run_dir)
+    return run_dir, train, _reused(run_dir, train, log)
+
+
 def _run_side_by_side(config, jobs, data, records, anchors, log):
     """One process per run, each on a core of its own, as many at once as cores."""
-    pending, running, runs = list(jobs), {}, []
-    free = list(config.cores)
-    while pending or running:
-        while pending and free:
-            name, flags, seed = pending.pop(0)
-            core = free.pop(0)
-            run_dir = _run_dir(config, name, seed)
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            train = _train_args(config, name, flags, seed, records, anchors, run_dir)
-            done = _reused(run_dir, train, log)
-            if done:
-                runs.append(done)
-                free.append(core)
-                continue
-            log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
-            process = yolo3_process(*train, core=core, log=f"{run_dir}.log")
-            running[process] = (name, seed, core, run_dir, time.perf_counter(), train)
-        time.sleep(1.0)
-        for process in [p for p in running if p.poll() is not None]:
-            name, seed, core, run_dir, started, train = running.pop(process)
-            check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
-            seconds = time.perf_counter() - started
-            runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log, train))
-            free.append(core)
+    runs, started = [], {}
+
+    def start(job, core):
+        run_dir, train, done = _start(config, job, records, anchors, log)
+        if done:
+            runs.append(done)
+            return None
+        name, _, seed = job
+        log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
+        started[job] = (run_dir, train)
+        return yolo3_process(*train, core=core, log=f"{run_dir}.log")
+
+    def finish(job, core, process, seconds):
+        (name, _, seed), (run_dir, train) = job, started.pop(job)
+        check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
+        runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log, train))
+
+    side_by_side(jobs, config.cores, start, finish)
     return runs
 
 
@@ -223,14 +234,12 @@ def _run_linked(config, jobs, data, records, anchors, log):
 
     runs = []
     with RateLimitedLoopback(config.link) as link:
-        for name, flags, seed in jobs:
-            run_dir = _run_dir(config, name, seed)
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            train = _train_args(config, name, flags, seed, records, anchors, run_dir)
-            done = _reused(run_dir, train, log)
+        for job in jobs:
+            run_dir, train, done = _start(config, job, records, anchors, log)
             if done:
                 runs.append(done)
                 continue
+            name, _, seed = job
             if name == ALONE:
                 core, wrap = config.cores[0], link.command
             else:

@@ -127,32 +127,57 @@ def score(run_dir):
     }
 
 
+def side_by_side(jobs, cores, start, finish):
+    """Runs ``jobs`` as processes, one per core at a time, each on the next core to free up.
+
+    ``start(job, core)`` starts a job's process and returns it, or None when the job needs
+    none; ``finish(job, core, process, seconds)`` is called once its process has ended,
+    ``seconds`` after it started.
+    """
+    pending, running, free = list(jobs), {}, list(cores)
+    while pending or running:
+        while pending and free:
+            job, core = pending.pop(0), free.pop(0)
+            process = start(job, core)
+            if process is None:
+                free.append(core)
+                continue
+            running[process] = (job, core, time.perf_counter())
+        if running:
+            time.sleep(1.0)
+        for process in [p for p in running if p.poll() is not None]:
+            job, core, started = running.pop(process)
+            finish(job, core, process, time.perf_counter() - started)
+            free.append(core)
+
+
 def run_recipe(config, command=None, log=print):
     """Trains and scores every setting and seed; the result dict (see the module docstring)."""
     data, records, anchors = prepare(config)
     jobs = [(name, flags, seed) for name, flags in config.settings for seed in config.seeds]
-    pending, running, runs = list(jobs), {}, []
-    free = list(config.cores)
-    while pending or running:
-        while pending and free:
-            name, flags, seed = pending.pop(0)
-            core = free.pop(0)
-            run_dir = Path(config.work) / "runs" / f"{name}-seed{seed}"
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
-                     "--epochs", config.epochs, "--seed", seed, *BASE_FLAGS, *flags)  # fmt: skip
-            log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
-            process = yolo3_process(*train, core=core, log=f"{run_dir}.log")
-            running[process] = (name, seed, core, run_dir, time.perf_counter())
-        time.sleep(1.0)
-        for process in [p for p in running if p.poll() is not None]:
-            name, seed, core, run_dir, started = running.pop(process)
-            seconds = time.perf_counter() - started
-            check_exit(process, f"training {name}, seed {seed} (log: {run_dir}.log)", 0)
-            runs.append({"setting": name, "seed": seed, "train_seconds": seconds,
-                         **evaluate_run(run_dir, data, core)})  # fmt: skip
-            log(f"{name}, seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in METRICS))
-            free.append(core)
+    runs = []
+
+    def run_dir(name, seed):
+        return Path(config.work) / "runs" / f"{name}-seed{seed}"
+
+    def start(job, core):
+        name, flags, seed = job
+        folder = run_dir(name, seed)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        train = ("train", "--records", records, "--anchors", anchors, "--log-dir", folder,
+                 "--epochs", config.epochs, "--seed", seed, *BASE_FLAGS, *flags)  # fmt: skip
+        log(f"core {core}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
+        return yolo3_process(*train, core=core, log=f"{folder}.log")
+
+    def finish(job, core, process, seconds):
+        name, _, seed = job
+        folder = run_dir(name, seed)
+        check_exit(process, f"training {name}, seed {seed} (log: {folder}.log)", 0)
+        runs.append({"setting": name, "seed": seed, "train_seconds": seconds,
+                     **evaluate_run(folder, data, core)})  # fmt: skip
+        log(f"{name}, seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in METRICS))
+
+    side_by_side(jobs, config.cores, start, finish)
     return {
         "command": command,
         "config": dataclasses.asdict(config),

@@ -508,8 +508,14 @@ def _add_recipe(subparsers):
         help="settings to compare, each a name and the yolo3 train flags it adds (quote "
         "it: 'ciou=--iou-loss ciou'); default: the demo's recipe alone",
     )
-    parser.add_argument("--work", default="recipe_runs", help="folder for data and runs")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    _add_demo_task_flags(parser, work="recipe_runs", seeds=[0, 1])
+    parser.set_defaults(handler=_run_recipe)
+
+
+def _add_demo_task_flags(parser, *, work, seeds, cores_help=""):
+    """The flags of the benchmarks that train the demo's task: its data, seeds and cores."""
+    parser.add_argument("--work", default=work, help="folder for data and runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds)
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--train-images", type=int, default=4000)
     parser.add_argument("--val-images", type=int, default=300)
@@ -519,10 +525,9 @@ def _add_recipe(subparsers):
         type=int,
         nargs="+",
         default=[0],
-        help="cores to run on, one run each at a time (e.g. 0 1)",
+        help="cores to run on, one run each at a time (e.g. 0 1)" + cores_help,
     )
     parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
-    parser.set_defaults(handler=_run_recipe)
 
 
 def _run_accuracy(args):
@@ -555,9 +560,12 @@ def _add_accuracy(subparsers):
         "it: 'local32=--local-steps 32 --allreduce-dtype bfloat16'); sync= is synchronous "
         "training",
     )
-    parser.add_argument("--work", default="accuracy_runs", help="folder for data and runs")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
-    parser.add_argument("--epochs", type=int, default=6)
+    _add_demo_task_flags(
+        parser,
+        work="accuracy_runs",
+        seeds=[0, 1, 2, 3],
+        cores_help="; with --link the workers take cores 0 to W-1",
+    )
     parser.add_argument(
         "--replicas", type=int, default=2, help="replicas (or workers with --link) per run (2)"
     )
@@ -586,18 +594,6 @@ def _add_accuracy(subparsers):
     )
     parser.add_argument("--margin", type=float, default=0.02, help="target below the reference")
     parser.add_argument("--target", type=float, help="the target mAP@0.5 itself")
-    parser.add_argument("--train-images", type=int, default=4000)
-    parser.add_argument("--val-images", type=int, default=300)
-    parser.add_argument("--input-size", type=int, default=96)
-    parser.add_argument(
-        "--cores",
-        type=int,
-        nargs="+",
-        default=[0],
-        help="cores to run on (e.g. 0 1): one run each at a time; with --link the workers "
-        "take cores 0 to W-1",
-    )
-    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
     parser.set_defaults(handler=_run_accuracy)
 
 
