@@ -109,7 +109,7 @@ def test_int8_and_int4_are_refused_without_local_steps():
     assert communication_from(allreduce_dtype="int4", local_steps=2).dtype == "int4"
 
 
-def _problem(strategy, dtype, overlap=False):
+def _problem(strategy, dtype, overlap=False, merge="own"):
     """A (20, 30) kernel (3 blocks of different sizes) and 2 statistics (not trainable:
     they travel exactly) whose copies differ on each replica, a state of ``dtype`` made
     before they moved, the weights a float32 synchronisation would give, and each
@@ -117,7 +117,9 @@ def _problem(strategy, dtype, overlap=False):
     with strategy.scope():
         kernel = keras.Variable(np.zeros((20, 30)), dtype="float32", name="kernel")
         stat = keras.Variable(np.ones(2), dtype="float32", trainable=False, name="moving_mean")
-        state = LocalStepsState([kernel, stat], 1, allreduce_dtype=dtype, overlap=overlap)
+        state = LocalStepsState(
+            [kernel, stat], 1, allreduce_dtype=dtype, overlap=overlap, merge=merge
+        )
     state.reset(strategy)
     rng = np.random.default_rng(3)
     size = np.geomspace(1e-3, 1, 600).reshape(20, 30)  # each block its own scale
@@ -155,13 +157,16 @@ def test_a_synchronisation_lands_within_one_step_of_the_mean(strategy, dtype):
     assert steps[:600].mean() > 0.02  # the kernel was rounded (float32: off by 1e-7)
 
 
-def test_the_overlapped_synchronisation_lands_where_the_blocking_one_does(strategy):
+@pytest.mark.parametrize("merge", ["own", "eager"])
+def test_the_overlapped_synchronisation_lands_where_the_blocking_one_does(strategy, merge):
+    # Eager goes on from an estimate of the mean while the change travels; with no steps
+    # before it lands, it lands where "own" does.
     levels = quantize.LEVELS["int4"]
     # The same problem twice: synchronised at once, and overlapped over T = 2 steps.
     blocked, blocked_weights, want, changes = _problem(strategy, "int4")
     blocked.synchronize(strategy)
     blocking, _ = _assert_within_steps(strategy, blocked_weights, want, changes, levels)
-    state, weights, _, _ = _problem(strategy, "int4", overlap=2)
+    state, weights, _, _ = _problem(strategy, "int4", overlap=2, merge=merge)
     assert state.sent.dtype == tf.int64 and state.sent.shape == (2, 39)  # 77 words in 2 rows
     exchange = tf.function(lambda: strategy.run(state.exchange))
     state.synchronize(strategy)  # sends, the weights stay
@@ -193,3 +198,15 @@ def test_the_overlapped_synchronisation_lands_where_the_blocking_one_does(strate
     want = np.concatenate([landed[:600] + 0.015, landed[600:]])
     changes = [np.concatenate([np.full(600, -0.01 * r), [0, 0]]) for r in range(REPLICAS)]
     _assert_within_steps(strategy, weights, want, changes, levels, steps=2)
+
+
+def test_one_replica_has_nothing_to_round_and_synchronises_exactly():
+    # A run with int8 on one device: nothing travels, nothing is rounded.
+    strategy = tf.distribute.get_strategy()
+    kernel = keras.Variable(np.zeros((3, 2)), dtype="float32", name="kernel")
+    state = LocalStepsState([kernel], 2, allreduce_dtype="int8")
+    state.reset(strategy)
+    kernel.assign(np.full((3, 2), 0.3))
+    state.synchronize(strategy)
+    assert not state.quantized
+    np.testing.assert_array_equal(kernel.numpy(), np.full((3, 2), 0.3, np.float32))

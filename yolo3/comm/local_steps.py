@@ -205,8 +205,6 @@ class LocalStepsState(keras.layers.Layer):
         if overlap:
             self.overlap_steps = self.local_steps if overlap is True else int(overlap)
         self.overlap = self.overlap_steps is not None
-        if merge not in MERGES:
-            raise ValueError(f"--overlap-merge {merge!r}: use one of {MERGES}")
         self.eager = self.overlap and merge == "eager"
         self.in_flight = False  # a change sent at the last period end, not yet applied
         self.steps_since_sync = 0
@@ -313,9 +311,10 @@ class LocalStepsState(keras.layers.Layer):
         tensors of rank >= 1 (the inner optimizer's slots) are averaged over this process's
         replicas, in memory (never across workers: see the module's docstring); with
         ``overlap``, the changes in flight arrive first, and every replica ends at the
-        same weights. Without them and with ``overlap``, nothing travels here: the previous
-        period's mean arrived during the steps (:meth:`exchange`). Every worker must call
-        it at the same step.
+        same weights. Without them and with ``overlap``, the change only goes out here: it
+        travels during the next steps (:meth:`exchange`), and only int8/int4 wait for the
+        link here, for the all-gather of their shared scales (a 256th of the change, in
+        float32). Every worker must call it at the same step.
         """
         full = bool(optimizer_variables)
         slots = optimizer_slots(optimizer_variables)
@@ -458,14 +457,21 @@ class LocalStepsState(keras.layers.Layer):
         share of the last mean that landed)."""
         if not self.eager:
             return own
-        return own / tf.cast(self._replicas, own.dtype) + tf.identity(self.stale)
+        estimate = own / tf.cast(self._replicas, own.dtype) + tf.identity(self.stale)
+        # Batch-norm statistics go on from their own, as under "own": an estimate could
+        # take a moving variance below zero until the mean lands.
+        exact = self._rows([tf.fill(w.shape, e) for w, e in zip(self._weights_synced, self._exact)])
+        return tf.where(exact, own, estimate)
 
     def _mean(self, tensors, dtype=None):
         """The mean over replicas of each of ``tensors``, sent in ``dtype``."""
         if self.quantized:
             return quantize.quantized_mean(tensors, self.allreduce_dtype, self._seed(), self._exact)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        totals = all_reduce_gradients(tensors, dtype or self.allreduce_dtype)
+        dtype = dtype or self.allreduce_dtype
+        if dtype in quantize.LEVELS:  # one replica, or only exact weights: nothing to round
+            dtype = "float32"
+        totals = all_reduce_gradients(tensors, dtype)
         return [t / tf.cast(replicas, t.dtype) for t in totals]
 
     def _outer_step(self, trainable, anchors, means):
@@ -515,7 +521,8 @@ class LocalStepsState(keras.layers.Layer):
         return tf.reshape(tf.pad(flat, [[0, padding]]), shape)
 
     def _replica_send(self):
-        """This period's change goes out, over the next T steps; the weights stay. With
+        """This period's change goes out, over the next T steps; the weights stay (eager:
+        they go on from the anchor moved by the estimate, returned). With
         int8/int4 it is quantized now (the shared scales: an all-gather)."""
         changes = [a - _tensor(w) for a, w in zip(self.anchors, self._weights_synced)]
         self.own.assign(self._rows(changes))

@@ -333,7 +333,8 @@ class TrainConfig:
         metavar="T",
         help="with --local-steps H: send each period's weight changes during the first T "
         "steps of the next period (1 <= T <= H), a chunk in each step while it computes, "
-        "and apply them there, T steps late (no step waits for the link)",
+        "and apply them there, T steps late (no step waits for the link; with int8/int4 the "
+        "period's end waits for the shared scales, a 256th of the change)",
     )
     overlap_merge: str | None = setting(
         None,
