@@ -52,14 +52,15 @@ from benchmarks.recipe import (
     evaluate_run,
     prepare,
     side_by_side,
+    stop,
     yolo3_process,
 )
 from yolo3 import fileio
+from yolo3.callbacks.evaluation import MAP_KEY
 from yolo3.callbacks.history import read_history
 
 ALONE = "alone"
 RECORD = "accuracy_run.json"  # a finished run's figures, in its folder
-CURVE_KEY = "val_mAP50"
 FINAL_METRICS = ("mAP50", "AP", "AP50", "AP75")
 
 
@@ -100,10 +101,12 @@ class AccuracyConfig:
         known = [*names, ALONE] if self.alone else names
         if self.reference is not None and self.reference not in known:
             raise ValueError(f"--reference {self.reference!r}: use one of {known}")
-        if self.link != "none" and len(self.cores) < self.replicas:
+        if self.link != "none" and tuple(self.cores[: self.replicas]) != tuple(
+            range(self.replicas)
+        ):
             raise ValueError(
-                f"--link {self.link} runs {self.replicas} workers on cores 0 to "
-                f"{self.replicas - 1}: give --cores with at least {self.replicas}"
+                f"--link {self.link} runs worker i on core i (yolo3 launch --pin-cores): give "
+                f"--cores {' '.join(map(str, range(self.replicas)))}"
             )
 
     @property
@@ -149,17 +152,24 @@ def _train_args(config, name, flags, seed, records, anchors, run_dir):
 
 
 def _run_dir(config, name, seed):
-    return Path(config.work) / "accuracy" / f"{name}-seed{seed}"
+    """Runs over a link apart from replicas in one process: their clocks differ."""
+    folder = "accuracy" if config.link == "none" else f"accuracy-{config.link}"
+    return Path(config.work) / folder / f"{name}-seed{seed}"
 
 
-def _reused(run_dir, train, log):
+def _shape(config, name):
+    """What a run's command line does not say: how many take part, over which link."""
+    return {"replicas": 1 if name == ALONE else config.replicas, "link": config.link}
+
+
+def _reused(run_dir, train, log, shape=None):
     """The run recorded in ``run_dir`` by an earlier invocation with the same command line
-    (a benchmark stopped part way goes on from its finished runs), or None; an unfinished
-    run's folder is removed, to train again."""
+    and ``shape`` (a benchmark stopped part way goes on from its finished runs), or None; an
+    unfinished run's folder is removed, to train again."""
     record = run_dir / RECORD
     if record.exists():
         run = json.loads(record.read_text())
-        if run["train"] != [str(a) for a in train]:
+        if run["train"] != [str(a) for a in train] or run.get("shape") != shape:
             raise ValueError(
                 f"{run_dir} holds a run of another command line: use another --work, or "
                 "remove the folder"
@@ -173,9 +183,9 @@ def _reused(run_dir, train, log):
 
 def _finish(config, name, seed, run_dir, data, core, seconds, log, train=()):
     curve = [
-        {"epoch": r["epoch"], "seconds": r["seconds"], "mAP50": r[CURVE_KEY]}
+        {"epoch": r["epoch"], "seconds": r["seconds"], "mAP50": r[MAP_KEY]}
         for r in read_history(run_dir)
-        if CURVE_KEY in r
+        if MAP_KEY in r
     ]
     if len(curve) != config.epochs:
         raise RuntimeError(
@@ -190,6 +200,7 @@ def _finish(config, name, seed, run_dir, data, core, seconds, log, train=()):
         f"{curve[-1]['seconds']:.0f} s"
     )
     run["train"] = [str(a) for a in train]
+    run["shape"] = _shape(config, name)
     fileio.write_json(run_dir / RECORD, run)
     return run
 
@@ -201,7 +212,7 @@ def _start(config, job, records, anchors, log):
     run_dir = _run_dir(config, name, seed)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     train = _train_args(config, name, flags, seed, records, anchors, run_dir)
-    return run_dir, train, _reused(run_dir, train, log)
+    return run_dir, train, _reused(run_dir, train, log, _shape(config, name))
 
 
 def _run_side_by_side(config, jobs, data, records, anchors, log):
@@ -253,7 +264,10 @@ def _run_linked(config, jobs, data, records, anchors, log):
             started = time.perf_counter()
             process = yolo3_process(*train, core=core, log=f"{run_dir}.log", wrap=wrap)
             what = f"training {name}, seed {seed} (log: {run_dir}.log)"
-            check_exit(process, what, config.timeout)
+            try:
+                check_exit(process, what, config.timeout)
+            finally:  # a run past --timeout, or Ctrl-C: its workers go too
+                stop(process)
             seconds = time.perf_counter() - started
             core = config.cores[0]
             runs.append(_finish(config, name, seed, run_dir, data, core, seconds, log, train))
@@ -315,15 +329,20 @@ def summarize(runs, config):
         ]
         row["mAP50_vs_reference"], row["mAP50_vs_reference_error"] = mean_and_error(paired)
         times = [time_to_target(r["curve"], target) for r in seeds]
+        row["times_to_target"] = times
         row["reached"] = sum(t is not None for t in times)
-        row["time_to_target"], row["time_to_target_error"] = mean_and_error(times)
+        # A seed that never reached the target has no time: no mean either (it would be
+        # the mean of the lucky seeds).
+        row["time_to_target"], row["time_to_target_error"] = (
+            mean_and_error(times) if row["reached"] == len(seeds) else (None, None)
+        )
         row["seconds"], _ = mean_and_error([r["curve"][-1]["seconds"] for r in seeds])
         row["curve"] = mean_curve(seeds)
         if name == ALONE:
             alone_time = row["time_to_target"]
         rows.append(row)
     for row in rows:
-        ok = alone_time and row["time_to_target"] is not None and row["reached"] == row["seeds"]
+        ok = alone_time and row["time_to_target"] is not None
         row["time_vs_alone"] = row["time_to_target"] / alone_time if ok else None
     return {"reference": reference, "target": target, "settings": rows}
 
@@ -367,12 +386,15 @@ def format_accuracy(result):
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["settings"]:
-        reached = "" if row["reached"] == row["seeds"] else f" ({row['reached']} reached)"
+        reached = ""
+        if row["reached"] < row["seeds"]:
+            reached = f"{row['reached']} of {row['seeds']} seeds reached it"
         ratio = "-" if row["time_vs_alone"] is None else f"{row['time_vs_alone']:.2f}"
         lines.append(
             f"| {row['setting']} | {row['seeds']} | {_cell(row['mAP50'], row['mAP50_error'])} | "
             f"{_cell(row['mAP50_vs_reference'], row['mAP50_vs_reference_error'])} | "
             f"{_cell(row['AP'], row['AP_error'])} | "
-            f"{_cell(row['time_to_target'], row['time_to_target_error'], 0)}{reached} | {ratio} |"
+            f"{reached or _cell(row['time_to_target'], row['time_to_target_error'], 0)} | "
+            f"{ratio} |"
         )
     return "\n".join(lines)

@@ -14,9 +14,11 @@ runs. Training wall times compare only between runs made side by side on an idle
 the AP figures do not depend on the load.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,7 +78,23 @@ def yolo3_process(*args, core=None, log=None, wrap=None):
         return subprocess.Popen(
             wrap(argv) if wrap else argv,
             env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
+            start_new_session=True,  # its own process group: stop() ends what it started
         )  # fmt: skip
+
+
+def stop(process, grace=30.0):
+    """Ends ``process`` and every process it started (its process group), if still running:
+    SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def check_exit(process, what, timeout):
@@ -132,23 +150,27 @@ def side_by_side(jobs, cores, start, finish):
 
     ``start(job, core)`` starts a job's process and returns it, or None when the job needs
     none; ``finish(job, core, process, seconds)`` is called once its process has ended,
-    ``seconds`` after it started.
+    ``seconds`` after it started. When either raises, the runs still going are stopped.
     """
     pending, running, free = list(jobs), {}, list(cores)
-    while pending or running:
-        while pending and free:
-            job, core = pending.pop(0), free.pop(0)
-            process = start(job, core)
-            if process is None:
+    try:
+        while pending or running:
+            while pending and free:
+                job, core = pending.pop(0), free.pop(0)
+                process = start(job, core)
+                if process is None:
+                    free.append(core)
+                    continue
+                running[process] = (job, core, time.perf_counter())
+            if running:
+                time.sleep(1.0)
+            for process in [p for p in running if p.poll() is not None]:
+                job, core, started = running.pop(process)
+                finish(job, core, process, time.perf_counter() - started)
                 free.append(core)
-                continue
-            running[process] = (job, core, time.perf_counter())
-        if running:
-            time.sleep(1.0)
-        for process in [p for p in running if p.poll() is not None]:
-            job, core, started = running.pop(process)
-            finish(job, core, process, time.perf_counter() - started)
-            free.append(core)
+    finally:  # a failed run (or Ctrl-C) leaves none of the others running
+        for process in running:
+            stop(process)
 
 
 def run_recipe(config, command=None, log=print):

@@ -31,7 +31,7 @@ from yolo3.engine.status import TrainingStatus
 
 from .backup import WorkerBackup
 from .checkpoint import BEST, LAST, TemplateCheckpoint, read_training_state
-from .evaluation import MapEvaluation
+from .evaluation import MAP_KEY, MapEvaluation
 from .history import HISTORY_FILE, EpochHistory, read_history
 from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
@@ -47,6 +47,7 @@ __all__ = [
     "FreezeSchedule",
     "LearningRateLogger",
     "LocalSync",
+    "MAP_KEY",
     "MapEvaluation",
     "PREEMPTED_STATUS",
     "PlateauScale",

@@ -16,6 +16,7 @@ from yolo3.engine.status import TrainingStatus
 # GALLERY_IMAGES validation images, each scaled to fit a GALLERY_TILE square, in rows of
 # GALLERY_COLUMNS. The same images every time, so the pictures show the model learning.
 TENSORBOARD_RUN = "evaluation"
+MAP_KEY = "val_mAP50"  # the epoch logs' mAP@0.5 (history.jsonl, checkpoints, TensorBoard)
 GALLERY_IMAGES = 6
 GALLERY_COLUMNS = 3
 GALLERY_TILE = 256
@@ -106,7 +107,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self.history.append((epoch + 1, value))
         self.latest = evaluation
         if logs is not None and math.isfinite(value):
-            logs["val_mAP50"] = value
+            logs[MAP_KEY] = value
         if self.tensorboard_dir:
             self.write_summaries(evaluation, epoch)
         if self.log:

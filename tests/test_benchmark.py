@@ -742,16 +742,18 @@ def test_accuracy_summary_pairs_seeds_against_the_reference_and_one_worker_alone
     # their difference.
     assert local["mAP50_vs_reference"] == pytest.approx(-0.04)
     assert local["mAP50_vs_reference_error"] == pytest.approx(0.01)
-    # local reaches 0.78 at 6 * (2 + (0.78 - 0.5) / 0.29) s with seed 0, never with seed 1.
+    # local reaches 0.78 at 6 * (2 + (0.78 - 0.5) / 0.29) s with seed 0, never with seed 1:
+    # no mean time (it would be the lucky seed's), and no ratio.
     assert local["reached"] == 1 and local["time_vs_alone"] is None
-    assert local["time_to_target"] == pytest.approx(6 * (2 + 0.28 / 0.29))
+    assert local["times_to_target"] == pytest.approx([6 * (2 + 0.28 / 0.29), None])
+    assert local["time_to_target"] is None
     # One worker alone: 0.78 at 12 * (2 + 0.08 / 0.1) s with both seeds.
     assert alone["time_to_target"] == pytest.approx(12 * 2.8) and alone["time_vs_alone"] == 1
     assert sync["time_vs_alone"] == pytest.approx((20 + 10 * 0.18 / 0.22 + 30) / 2 / 33.6)
     assert [p["mAP50"] for p in local["curve"]] == pytest.approx([0.2, 0.45, 0.745])
     table = accuracy.format_accuracy({**result, "config": dataclasses.asdict(config)})
     assert "| local | 2 | 0.840 ± 0.010 | -0.040 ± 0.010 | 0.420 ± 0.005 |" in table
-    assert "(1 reached) | - |" in table
+    assert "| 1 of 2 seeds reached it | - |" in table
     # The run shapes: replicas in one process share the global batch; one worker alone.
     args = accuracy._train_args(config, "local", ("--local-steps", "8"), 1, "r", "a", "d")
     assert args[-6:] == ("--batch-size", 8, "--cpu-replicas", 2, "--local-steps", "8")
@@ -762,7 +764,7 @@ def test_accuracy_summary_pairs_seeds_against_the_reference_and_one_worker_alone
         ({"replicas": 3}, "divide the global batch"),
         ({"reference": "other"}, "--reference 'other'"),
         ({"settings": (("alone", ()),)}, "one worker alone"),
-        ({"link": "100mbit"}, "at least 2"),
+        ({"link": "100mbit"}, "--cores 0 1"),
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             dataclasses.replace(config, **bad)
@@ -773,10 +775,37 @@ def test_accuracy_goes_on_from_the_runs_an_earlier_invocation_finished(tmp_path)
 
     finished, unfinished = tmp_path / "a-seed0", tmp_path / "b-seed0"
     finished.mkdir()
-    run = {"setting": "a", "seed": 0, "train": ["train", "--epochs", "6"]}
+    shape = {"replicas": 2, "link": "none"}
+    run = {"setting": "a", "seed": 0, "train": ["train", "--epochs", "6"], "shape": shape}
     (finished / accuracy.RECORD).write_text(json.dumps(run))
-    assert accuracy._reused(finished, ("train", "--epochs", 6), print) == run
-    with pytest.raises(ValueError, match="another command line"):
-        accuracy._reused(finished, ("train", "--epochs", 7), print)
+    assert accuracy._reused(finished, ("train", "--epochs", 6), print, shape) == run
+    # Another command line, or the same one with other replicas (or link): not that run.
+    for train, other in (
+        (("train", "--epochs", 7), shape),
+        (("train", "--epochs", 6), {"replicas": 4, "link": "none"}),
+    ):
+        with pytest.raises(ValueError, match="another command line"):
+            accuracy._reused(finished, train, print, other)
     (unfinished / "checkpoints").mkdir(parents=True)  # killed part way: trained again
-    assert accuracy._reused(unfinished, ("train",), print) is None and not unfinished.exists()
+    assert accuracy._reused(unfinished, ("train",), print, shape) is None
+    assert not unfinished.exists()
+
+
+def test_a_failed_run_stops_the_runs_beside_it():
+    import subprocess
+
+    from benchmarks import recipe
+
+    started = []
+
+    def start(job, core):
+        seconds = "0" if job == "fails" else "60"
+        started.append(subprocess.Popen(["sleep", seconds], start_new_session=True))
+        return started[-1]
+
+    def finish(job, core, process, seconds):
+        raise RuntimeError(f"{job} failed")
+
+    with pytest.raises(RuntimeError, match="fails failed"):
+        recipe.side_by_side(["fails", "runs on"], [0, 1], start, finish)
+    assert started[1].poll() is not None  # stopped, not left running

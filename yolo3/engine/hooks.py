@@ -166,10 +166,6 @@ def build_callbacks(
                 os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
             )
         )
-    if info.is_chief:
-        ordered.append(
-            yolo_callbacks.EpochHistory(config.log_dir, started=started, evaluation=map_evaluation)
-        )
     if tracking is not None:
         tracking.attach(trainer.status, map_evaluation)
         ordered.append(tracking)
@@ -186,6 +182,10 @@ def build_callbacks(
             averaged=trainer.averaged_weights,
         ),
     ]
+    if info.is_chief:  # after the epoch's backup and checkpoints: its clock includes them
+        ordered.append(
+            yolo_callbacks.EpochHistory(config.log_dir, started=started, evaluation=map_evaluation)
+        )
     if budget is not None:
         ordered.append(budget)
     if mosaic is not None:

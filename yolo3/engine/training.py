@@ -283,7 +283,8 @@ def _summary(config, checkpoint_dir):
         saved = read_metadata(best) or {}
         logs = saved.get("logs", {})
         validated = "val_loss" in logs
-        figures = [f"{key} {logs[key]:.4g}" for key in ("val_loss", "val_mAP50") if key in logs]
+        keys = ("val_loss", yolo_callbacks.MAP_KEY)
+        figures = [f"{key} {logs[key]:.4g}" for key in keys if key in logs]
         if not validated and "loss" in logs:
             figures = [f"training loss {logs['loss']:.4g} (no validation split)"]
         lines.append(f"best epoch {saved.get('epoch')}: {', '.join(figures)}")
