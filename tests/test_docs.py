@@ -231,7 +231,7 @@ def test_plots_draw_from_the_committed_json():
     for path in json_files:
         assert path.with_suffix(".md").exists(), f"{path.name} needs its sidecar (command, machine)"
     figures = plots.draw_all(DOCS / "data")
-    assert {figure.name for figure in figures} == {"scaling", "detect", "prediction"}
+    assert {figure.name for figure in figures} == {"scaling", "detect", "prediction", "accuracy"}
     for figure in figures:
         assert figure.svg.startswith(b"<?xml") and b"<svg" in figure.svg
 
@@ -276,7 +276,7 @@ def test_site_builds_strict_with_every_page(site):
     for name in commands.COMMANDS:
         assert f"yolo3 {name}" in cli
     benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
-    for plot in ("scaling", "detect", "prediction"):
+    for plot in ("scaling", "detect", "prediction", "accuracy"):
         assert f"img/plots/{plot}.svg" in benchmarks
 
 
