@@ -21,7 +21,9 @@ Two ways to run the ``W`` replicas:
 
 Beside the settings, **one worker alone** (``alone``: the recipe with ``--batch-size G`` on
 one core, no replicas, no communication) trains the same seeds: the time every setting
-must beat, and the accuracy of training on one device.
+must beat, and the accuracy of training on one device. It talks to no one, so one set of
+its runs serves every link: they run side by side, one per core (the machine as loaded as
+under ``W`` workers), in the folder of the runs without a link.
 
 The **target** is the reference setting's mean final mAP (the curve's last point; the first
 setting unless named) less ``margin``, or ``target`` if given. A run's **time to target**
@@ -152,14 +154,18 @@ def _train_args(config, name, flags, seed, records, anchors, run_dir):
 
 
 def _run_dir(config, name, seed):
-    """Runs over a link apart from replicas in one process: their clocks differ."""
-    folder = "accuracy" if config.link == "none" else f"accuracy-{config.link}"
+    """Runs over a link apart from replicas in one process: their clocks differ. One worker
+    alone has no link: its runs serve every one."""
+    linked = config.link != "none" and name != ALONE
+    folder = f"accuracy-{config.link}" if linked else "accuracy"
     return Path(config.work) / folder / f"{name}-seed{seed}"
 
 
 def _shape(config, name):
     """What a run's command line does not say: how many take part, over which link."""
-    return {"replicas": 1 if name == ALONE else config.replicas, "link": config.link}
+    if name == ALONE:
+        return {"replicas": 1, "link": "none"}
+    return {"replicas": config.replicas, "link": config.link}
 
 
 def _reused(run_dir, train, log, shape=None):
@@ -239,30 +245,29 @@ def _run_side_by_side(config, jobs, data, records, anchors, log):
 
 
 def _run_linked(config, jobs, data, records, anchors, log):
-    """One run at a time: the settings as worker processes over the shaped loopback, one
-    worker alone on core 0 (in the namespace too, with no one to talk to)."""
+    """One worker alone first, side by side on the cores (see the module docstring); then
+    the settings one at a time, as worker processes over the shaped loopback."""
     from benchmarks.link import RateLimitedLoopback  # noqa: PLC0415
 
-    runs = []
+    alone = [job for job in jobs if job[0] == ALONE]
+    runs = _run_side_by_side(config, alone, data, records, anchors, log)
+
+    def wrap(argv):
+        launch = [*argv[:3], "launch", "-n", str(config.replicas), "--pin-cores"]
+        return link.command([*launch, "--", *argv])
+
     with RateLimitedLoopback(config.link) as link:
         for job in jobs:
+            if job[0] == ALONE:
+                continue
             run_dir, train, done = _start(config, job, records, anchors, log)
             if done:
                 runs.append(done)
                 continue
             name, _, seed = job
-            if name == ALONE:
-                core, wrap = config.cores[0], link.command
-            else:
-                core = None
-
-                def wrap(argv):
-                    launch = [*argv[:3], "launch", "-n", str(config.replicas), "--pin-cores"]
-                    return link.command([*launch, "--", *argv])
-
             log(f"{config.link}: {name}, seed {seed}: yolo3 {' '.join(map(str, train))}")
             started = time.perf_counter()
-            process = yolo3_process(*train, core=core, log=f"{run_dir}.log", wrap=wrap)
+            process = yolo3_process(*train, log=f"{run_dir}.log", wrap=wrap)
             what = f"training {name}, seed {seed} (log: {run_dir}.log)"
             try:
                 check_exit(process, what, config.timeout)

@@ -760,6 +760,14 @@ def test_accuracy_summary_pairs_seeds_against_the_reference_and_one_worker_alone
     assert accuracy._train_args(config, "alone", (), 1, "r", "a", "d")[-2:] == ("--batch-size", 16)
     linked = dataclasses.replace(config, link="100mbit", cores=(0, 1))
     assert accuracy._train_args(linked, "sync", (), 1, "r", "a", "d")[-2:] == ("--batch-size", 8)
+    # Over a link the workers' runs have a folder of their own; one worker alone talks to
+    # no one, so its runs are those without a link.
+    assert accuracy._run_dir(linked, "sync", 1).parent.name == "accuracy-100mbit"
+    for name in ("alone", "sync"):
+        assert accuracy._run_dir(config, name, 1).parent.name == "accuracy"
+    assert accuracy._run_dir(linked, "alone", 1) == accuracy._run_dir(config, "alone", 1)
+    assert accuracy._shape(linked, "alone") == accuracy._shape(config, "alone")
+    assert accuracy._shape(linked, "sync") == {"replicas": 2, "link": "100mbit"}
     for bad, message in (
         ({"replicas": 3}, "divide the global batch"),
         ({"reference": "other"}, "--reference 'other'"),

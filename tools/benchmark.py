@@ -578,7 +578,8 @@ def _add_accuracy(subparsers):
         default="none",
         metavar="RATE",
         help="run the replicas as worker processes (one core each) over a loopback limited "
-        "to this tc rate in a private network namespace, one run at a time; none: replicas "
+        "to this tc rate in a private network namespace, one run at a time (one worker "
+        "alone needs no link: its runs, side by side, serve every rate); none: replicas "
         "in one process on one core, runs side by side (mAP only: the clock is no link's)",
     )
     parser.add_argument(
