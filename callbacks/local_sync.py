@@ -81,10 +81,11 @@ class LocalSync(keras.callbacks.Callback):
         if not (full or due):
             return
         start = time.perf_counter()
+        step = self.model.optimizer.iterations  # int8/int4 seed their roundings with it
         if full:
-            self.state.synchronize(self._strategy(), self.model.optimizer.variables)
+            self.state.synchronize(self._strategy(), self.model.optimizer.variables, step=step)
         else:
-            self.state.synchronize(self._strategy())
+            self.state.synchronize(self._strategy(), step=step)
         self.seconds.append(time.perf_counter() - start)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -11,6 +11,7 @@ from test_local_steps import REPLICAS, _copies, _set_per_replica
 from yolo3.comm import quantize
 from yolo3.comm.local_steps import LocalStepsState, sync_bytes
 from yolo3.comm.schemes import LocalSteps, communication_from
+from yolo3.engine.config import TrainConfig
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
@@ -107,20 +108,27 @@ def test_int8_and_int4_are_refused_without_local_steps():
             communication_from(allreduce_dtype=dtype)
         assert "\n" not in str(e.value)
     assert communication_from(allreduce_dtype="int4", local_steps=2).dtype == "int4"
+    # --seed reaches the rounding from the run's flags.
+    config = TrainConfig(records="r", log_dir="l", allreduce_dtype="int4", local_steps=2, seed=7)
+    assert config.communication().seed == 7
 
 
-def _problem(strategy, dtype, overlap=False, merge="own"):
+def _problem(strategy, dtype, overlap=False, merge="own", seed=0, rounded_at=()):
     """A (20, 30) kernel (3 blocks of different sizes) and 2 statistics (not trainable:
-    they travel exactly) whose copies differ on each replica, a state of ``dtype`` made
-    before they moved, the weights a float32 synchronisation would give, and each
-    replica's change (kernel, then statistics)."""
+    they travel exactly) whose copies differ on each replica, a state of ``dtype`` (and of
+    the run's ``seed``) made before they moved, the weights a float32 synchronisation would
+    give, and each replica's change (kernel, then statistics). Before they move the state
+    synchronises at the step counts ``rounded_at``: it rounds changes of zero, which leaves
+    the weights where they are."""
     with strategy.scope():
         kernel = keras.Variable(np.zeros((20, 30)), dtype="float32", name="kernel")
         stat = keras.Variable(np.ones(2), dtype="float32", trainable=False, name="moving_mean")
         state = LocalStepsState(
-            [kernel, stat], 1, allreduce_dtype=dtype, overlap=overlap, merge=merge
+            [kernel, stat], 1, allreduce_dtype=dtype, overlap=overlap, merge=merge, seed=seed
         )
     state.reset(strategy)
+    for step in rounded_at:
+        state.synchronize(strategy, step=step)
     rng = np.random.default_rng(3)
     size = np.geomspace(1e-3, 1, 600).reshape(20, 30)  # each block its own scale
     kernels = [(size * rng.normal(size=(20, 30))).astype(np.float32) for _ in range(REPLICAS)]
@@ -198,6 +206,30 @@ def test_the_overlapped_synchronisation_lands_where_the_blocking_one_does(strate
     want = np.concatenate([landed[:600] + 0.015, landed[600:]])
     changes = [np.concatenate([np.full(600, -0.01 * r), [0, 0]]) for r in range(REPLICAS)]
     _assert_within_steps(strategy, weights, want, changes, levels, steps=2)
+
+
+def _rounded(strategy, step=7, **problem):
+    """The weights after an int8 synchronisation of :func:`_problem` at step count
+    ``step``."""
+    state, weights, want, changes = _problem(strategy, "int8", **problem)
+    state.synchronize(strategy, step=step)
+    return _assert_within_steps(strategy, weights, want, changes, quantize.LEVELS["int8"])[0]
+
+
+def test_each_rounding_draws_from_the_seed_the_step_count_and_its_index(strategy):
+    # A state that rounded before (at step 3) and one built afresh, as a resumed run's is,
+    # round alike at step 7.
+    went_on = _rounded(strategy, rounded_at=[3])
+    np.testing.assert_array_equal(_rounded(strategy), went_on)
+    # Another --seed, another step count, or a second rounding at step 7: other numbers.
+    assert not np.array_equal(_rounded(strategy, seed=1), went_on)
+    assert not np.array_equal(_rounded(strategy, step=8), went_on)
+    assert not np.array_equal(_rounded(strategy, rounded_at=[7]), went_on)
+    # The run's --seed reaches the state from the flags.
+    scheme = communication_from(allreduce_dtype="int8", local_steps=2, seed=5)
+    with strategy.scope():
+        scheme.build(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), None)
+    assert scheme.state.seeds.seed == 5
 
 
 def test_one_replica_has_nothing_to_round_and_synchronises_exactly():

@@ -31,36 +31,16 @@ a run resumed from them continues as the uninterrupted run did; the chief's
 ``state.weights.h5`` holds the chief's, which every worker starts from after ``--resume``
 from a finished run.
 
-With ``overlap`` (``--overlap-sync T``) no synchronisation waits for the link. At the end
-of each period of ``H`` steps each replica's weight change (``delta_i``) goes out, and it
-travels during the first ``T`` steps of the next period, one ``1/T`` chunk in each train
-step, beside the step's computation (a collective with no data dependency on it, so the
-link works while the processor does; the steps after the ``T``-th send an empty chunk: the
-collective stays, as every step must hold the same ones). After the ``T``-th step the mean
-``D`` has arrived: the outer step moves the anchor with it, and each replica goes on from
-the new anchor plus its own steps since the change went out. Every change is applied once,
-``T`` steps late, as in overlapping local SGD (CO2, Sun et al., ICLR 2024; Streaming
-DiLoCo, Douillard et al., 2025). A full synchronisation completes whatever is in flight and
-leaves every replica at the same weights with nothing in flight, as without overlap.
-
-While a change travels, each replica goes on from its own weights (``merge="own"``): its
-own change is applied at once and whole, the others' arrive ``T`` steps late; with
-``T = H`` the replicas then drift apart for two periods. With ``merge="eager"`` (eager
-updates, Kale, Douillard and Donchev, 2025) each replica goes on from the anchor moved by
-an *estimate* of the mean change: its own change over ``W`` (its share of the mean) plus
-the others' share of the mean that landed last (their last change standing in for the one
-still on its way). When the mean lands, the estimate is replaced by it, as the change is
-under ``"own"``. After a full synchronisation (and at the start) the others' share is
-zero, so a run resumed from a save goes on as the uninterrupted one.
+With ``overlap`` (``--overlap-sync T``) no synchronisation waits for the link: each
+period's change travels during the first ``T`` steps of the next one and is applied there
+(:mod:`yolo3.comm.overlap`, whose :class:`~yolo3.comm.overlap.OverlappedSync` the state
+owns).
 
 State (:class:`LocalStepsState`, a layer saved with the trainer): the anchors (the weights
 at the last synchronisation; not saved, since every save is a synchronisation) and the
-outer momentum buffers, and with ``overlap`` the change in flight (``sent``, this
-replica's), its mean as far as it has arrived (``received``) and the chunk the next step
-sends (``position``) (none of these saved either: every save is a full synchronisation,
-after which nothing is in flight). All are ``ON_READ`` variables: each replica assigns its
-own copy; the anchors, buffers and ``received`` hold the same values on every replica,
-computed from all-reduced numbers.
+outer momentum buffers, and with ``overlap`` the change in flight. All are ``ON_READ``
+variables: each replica assigns its own copy; the anchors and buffers hold the same values
+on every replica, computed from all-reduced numbers.
 
 With ``--allreduce-dtype int8`` or ``int4`` (:mod:`yolo3.comm.quantize`) the changes travel
 as integers with stochastic rounding, in blocks that share a scale (the largest ``|value|``
@@ -69,15 +49,13 @@ int64 words that one integer all-reduce sums exactly. The mean that arrives is w
 rounding step (the block's scale over 127, or 7) of the exact mean, and unbiased. The
 weights that are not trainable when the state is built (the batch-norm statistics: a
 rounded variance could fall below zero) travel exactly, in float32, in the scales'
-all-gather. With ``overlap`` the change is quantized when it goes out: ``sent`` and
-``received`` hold packed words (this replica's, and their sum as far as it has arrived),
-``scales`` the shared scales, ``exact_mean`` the statistics' mean change, and ``own`` this
-replica's change itself, from which each replica's steps since it went out are told. A
-counter (``draws``, each replica's, not saved: it restarts at a resume) numbers the
-roundings, so that each draws new numbers.
+all-gather. Each rounding's seed (:class:`yolo3.comm.quantize.Seeds`) is made of the run's
+``--seed``, the replica's id, the optimizer's step count at the synchronisation (which
+:class:`yolo3.callbacks.LocalSync` passes) and the rounding's index among those made at
+that step count. Every save is a full synchronisation, and the next rounding comes at a
+later step count, as the first after a resume does: a run resumed from a save draws the
+numbers that the uninterrupted run did.
 """
-
-import math
 
 import keras
 import numpy as np
@@ -85,11 +63,14 @@ import tensorflow as tf
 
 from yolo3.comm import quantize
 from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
+from yolo3.comm.overlap import OverlappedSync
 from yolo3.comm.reducer import install_reducer
 
 # --overlap-merge: where a replica goes on from while its change travels.
 MERGES = ("own", "eager")
 DEFAULT_MERGE = "own"
+# What the compiled synchronisations take: the optimizer's step count.
+STEP_SPEC = tf.TensorSpec((), tf.int64)
 
 
 def sync_bytes(variables, dtype="float32", replicas=None):
@@ -162,6 +143,12 @@ def average_locally(strategy, variable):
     _assign(strategy, variable, tf.add_n([tf.identity(c) for c in copies]) / len(copies))
 
 
+def _step_count(step):
+    """``step`` (an int, a tensor or a variable such as ``optimizer.iterations``; None: 0)
+    as a scalar int64 tensor, the argument of the compiled synchronisations."""
+    return tf.cast(tf.convert_to_tensor(0 if step is None else step), tf.int64)
+
+
 class LocalStepsState(keras.layers.Layer):
     """Anchors and outer momentum buffers for ``weights``; saved with the trainer.
 
@@ -175,10 +162,12 @@ class LocalStepsState(keras.layers.Layer):
         allreduce_dtype: the dtype the weight changes travel in (int8 and int4 with more
             than one replica in sync: quantized, see the module's docstring).
         overlap: False, ``T`` (1 to ``H``) or True (``H``): the changes travel during the
-            next period's first ``T`` steps (see the module's docstring).
+            next period's first ``T`` steps (:mod:`yolo3.comm.overlap`).
         merge: with ``overlap``, where each replica goes on from while its change travels:
             ``"own"`` (its own weights) or ``"eager"`` (the anchor moved by an estimate of
-            the mean change; see the module's docstring).
+            the mean change; see :mod:`yolo3.comm.overlap`).
+        seed: the run's ``--seed``, which int8 and int4 round with (see the module's
+            docstring).
 
     The values are taken as given: :func:`yolo3.comm.schemes.communication_from` is where
     the flags they come from are checked.
@@ -194,6 +183,7 @@ class LocalStepsState(keras.layers.Layer):
         allreduce_dtype="float32",
         overlap=False,
         merge=DEFAULT_MERGE,
+        seed=0,
         name="local_steps",
     ):
         super().__init__(name=name, trainable=False)
@@ -205,16 +195,15 @@ class LocalStepsState(keras.layers.Layer):
         if overlap:
             self.overlap_steps = self.local_steps if overlap is True else int(overlap)
         self.overlap = self.overlap_steps is not None
-        self.eager = self.overlap and merge == "eager"
         self.in_flight = False  # a change sent at the last period end, not yet applied
         self.steps_since_sync = 0
-        self._weights_synced = [w for w in weights if _is_float(w)]
+        self.synced = [w for w in weights if _is_float(w)]
         # int8/int4: these travel exactly (see the module's docstring).
-        self._exact = tuple(not w.trainable for w in self._weights_synced)
+        self.exact = tuple(not w.trainable for w in self.synced)
         # With one replica nothing travels: nothing to quantize either.
-        self._replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self.replicas = tf.distribute.get_strategy().num_replicas_in_sync
         self.quantized = (
-            allreduce_dtype in quantize.LEVELS and self._replicas > 1 and not all(self._exact)
+            allreduce_dtype in quantize.LEVELS and self.replicas > 1 and not all(self.exact)
         )
         on_read = tf.VariableSynchronization.ON_READ
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA
@@ -230,55 +219,22 @@ class LocalStepsState(keras.layers.Layer):
 
         anchors = tuple(
             per_replica(f"anchor_{i}", tf.identity(distributed_value(w).read_value()))
-            for i, w in enumerate(self._weights_synced)
+            for i, w in enumerate(self.synced)
         )
         buffers = ()
         if self.outer_momentum > 0:
             buffers = tuple(
                 per_replica(f"momentum_{i}", tf.zeros(w.shape, w.dtype))
-                for i, w in enumerate(self._weights_synced)
+                for i, w in enumerate(self.synced)
             )
-        in_flight = ()
-        if self.overlap:
-            dtypes = {tf.as_dtype(w.dtype) for w in self._weights_synced}
-            if len(dtypes) != 1:
-                raise ValueError(
-                    f"--overlap-sync sends every weight in one buffer; this model's weights "
-                    f"have several dtypes ({sorted(d.name for d in dtypes)})"
-                )
-            self._sizes = [int(np.prod(w.shape)) for w in self._weights_synced]
-            # T rows: the chunk sent in each of the first T steps of a period; received
-            # has one more, which the steps after the T-th write their empty chunk to.
-            steps = self.overlap_steps
-            rows = (steps, math.ceil(sum(self._sizes) / steps))
-            dtype = dtypes.pop()
-            own = ()
-            if self.quantized:  # packed words travel; each replica keeps its change
-                rounded, exact = quantize.partition(self._sizes, self._exact)
-                blocks = quantize.num_blocks(rounded)
-                levels = quantize.levels_of(allreduce_dtype)
-                words = quantize.num_words(blocks, levels, self._replicas)
-                own = (
-                    per_replica("own", tf.zeros(rows, dtype)),
-                    per_replica("scales", tf.zeros((blocks,), tf.float32)),
-                    per_replica("exact_mean", tf.zeros((sum(exact),), tf.float32)),
-                )
-                rows, dtype = (steps, math.ceil(words / steps)), tf.int64
-            in_flight = (
-                per_replica("sent", tf.zeros(rows, dtype)),
-                per_replica("received", tf.zeros((steps + 1, rows[1]), dtype)),
-                per_replica("position", tf.fill((), steps)),  # T: nothing to send
-                *own,
-            )
-        draws = (per_replica("draws", tf.zeros((), tf.int64)),) if self.quantized else ()
-        # eager: the others' share of the last mean that landed, (W - 1) / W of their mean
-        # change, in the rows of ``own``; zero after a full synchronisation.
-        stale = ()
-        if self.eager:
-            own = in_flight[3] if self.quantized else in_flight[0]
-            stale = (per_replica("stale", tf.zeros(own.shape, own.dtype)),)
         # Kept in a tuple: plain tf.Variables that Keras does not collect as weights.
-        self._state = (anchors, buffers, in_flight, draws, stale)
+        self._state = (anchors, buffers)
+        self.seeds = quantize.Seeds(seed, per_replica) if self.quantized else None
+        self._overlapped = None
+        if self.overlap:
+            self._overlapped = OverlappedSync(
+                self, self.overlap_steps, eager=merge == "eager", variable=per_replica
+            )
         self._functions = {}
         self.built = True
 
@@ -290,6 +246,27 @@ class LocalStepsState(keras.layers.Layer):
     def momentum_buffers(self):
         return self._state[1]
 
+    @property
+    def draws(self):
+        """int8/int4: the roundings this replica made at the last step count it rounded at
+        (:class:`yolo3.comm.quantize.Seeds`)."""
+        return self.seeds.draws
+
+    @property
+    def sent(self):
+        """With ``overlap``: this replica's change in flight (:mod:`yolo3.comm.overlap`)."""
+        return self._overlapped.sent
+
+    @property
+    def received(self):
+        """With ``overlap``: the mean of ``sent`` as far as it has arrived."""
+        return self._overlapped.received
+
+    @property
+    def position(self):
+        """With ``overlap``: the chunk of ``sent`` that the next train step sends."""
+        return self._overlapped.position
+
     # -- the synchronisation ------------------------------------------------------------
 
     def step_done(self):
@@ -300,11 +277,11 @@ class LocalStepsState(keras.layers.Layer):
     def reset(self, strategy):
         """Anchors from the current weights (identical on every replica, as after a
         restore or at the start), nothing in flight; the step count restarts."""
-        self._function(strategy, "reset", ())()
+        self._function(strategy, "reset", ())(_step_count(None))
         self.steps_since_sync = 0
         self.in_flight = False
 
-    def synchronize(self, strategy, optimizer_variables=()):
+    def synchronize(self, strategy, optimizer_variables=(), *, step=None):
         """All-reduces the weight changes and applies the outer step on every replica.
 
         ``optimizer_variables`` (a full synchronisation): those of them that are float
@@ -314,7 +291,9 @@ class LocalStepsState(keras.layers.Layer):
         same weights. Without them and with ``overlap``, the change only goes out here: it
         travels during the next steps (:meth:`exchange`), and only int8/int4 wait for the
         link here, for the all-gather of their shared scales (a 256th of the change, in
-        float32). Every worker must call it at the same step.
+        float32). ``step``: the optimizer's step count (``optimizer.iterations``), which
+        int8/int4 seed their roundings with (None: 0). Every worker must call it at the
+        same step.
         """
         full = bool(optimizer_variables)
         slots = optimizer_slots(optimizer_variables)
@@ -327,7 +306,7 @@ class LocalStepsState(keras.layers.Layer):
             if self.in_flight:
                 raise RuntimeError("a change is still in flight: apply it (land) first")
             kind = "send"
-        self._function(strategy, kind, slots)()
+        self._function(strategy, kind, slots)(_step_count(step))
         self.in_flight = kind == "send"
         self.steps_since_sync = 0
 
@@ -338,7 +317,7 @@ class LocalStepsState(keras.layers.Layer):
     def land(self, strategy):
         """Applies the arrived mean change with the outer step; each replica keeps its own
         steps since it was sent. Local: nothing travels."""
-        self._function(strategy, "land", ())()
+        self._function(strategy, "land", ())(_step_count(None))
         self.in_flight = False
 
     def trace(self, strategy):
@@ -347,53 +326,43 @@ class LocalStepsState(keras.layers.Layer):
         it (a benchmark's timed window). Every worker must call it at the same point, as
         the synchronisation."""
         for kind in ("send", "land") if self.overlap else ("sync",):
-            self._function(strategy, kind, ()).get_concrete_function()
+            self._function(strategy, kind, ()).get_concrete_function(STEP_SPEC)
 
     def exchange(self):
         """One train step's share of the overlapped synchronisation (``overlap``): the
-        mean over replicas of the next chunk of the change in flight. Runs in replica
-        context, inside the train step; nothing in the step depends on it."""
-        steps = self.overlap_steps
-        position = tf.minimum(tf.identity(self.position), steps)
-        width = self.sent.shape[1]
-        # After the T-th step a one-element chunk, written to the spare row T: the
-        # collective stays (every step holds the same ones on every worker) and sends next
-        # to nothing. Not an empty one: TensorFlow's CPU collectives crash the process
-        # (segmentation fault) within a few hundred all-reduces of zero elements.
-        size = tf.where(position < steps, width, 1)
-        chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
-        if self.quantized:  # packed words: their sum, decoded when all has arrived
-            context = tf.distribute.get_replica_context()
-            mean = context.all_reduce(tf.distribute.ReduceOp.SUM, chunk)
-        else:
-            (mean,) = self._mean([chunk])
-        mean = tf.pad(mean, [[0, width - size]])
-        # In place, one row (ON_READ variables have no scatter_update; in replica context
-        # their handle is this replica's own copy).
-        tf.raw_ops.ResourceScatterUpdate(
-            resource=self.received.handle, indices=position[None], updates=mean[None]
-        )
-        self.position.assign(position + 1)
+        mean over replicas of the next chunk of the change in flight
+        (:meth:`yolo3.comm.overlap.OverlappedSync.exchange`; replica context, inside the
+        train step)."""
+        self._overlapped.exchange()
 
     def _function(self, strategy, kind, slots):
-        trainable = tuple(bool(w.trainable) for w in self._weights_synced)
+        """The compiled synchronisation of ``kind``, a function of the step count (read by
+        those that round: int8/int4's sync, send and full; reset and land are given 0)."""
+        trainable = tuple(bool(w.trainable) for w in self.synced)
         key = (kind, trainable, tuple(id(v) for v in slots))
         if key not in self._functions:
             if kind == "reset":
                 replica_fn = self._replica_reset
             elif kind == "send":
-                replica_fn = self._replica_send
+                replica_fn = self._overlapped.send
             elif kind in ("land", "full"):
-                replica_fn = lambda: self._replica_land(trainable, full=kind == "full")  # noqa: E731
+                replica_fn = lambda: self._overlapped.land(trainable, full=kind == "full")  # noqa: E731
             else:
                 replica_fn = lambda: self._replica_sync(trainable)  # noqa: E731
+            rounds = self.quantized and kind in ("sync", "send", "full")
+            keeps = kind == "reset" or (kind == "send" and not self._overlapped.eager)
 
-            @tf.function
-            def function():
-                values = strategy.run(replica_fn)
-                if kind == "reset" or (kind == "send" and not self.eager):
+            def at_step(step):
+                if rounds:
+                    self.seeds.count_from(step)
+                return replica_fn()
+
+            @tf.function(input_signature=[STEP_SPEC])
+            def function(step):
+                values = strategy.run(at_step, args=(step,))
+                if keeps:  # the weights stay
                     return
-                for variable, value in zip(self._weights_synced, values):
+                for variable, value in zip(self.synced, values):
                     _assign(strategy, variable, value)
                 for slot in slots:
                     average_locally(strategy, slot)
@@ -401,81 +370,32 @@ class LocalStepsState(keras.layers.Layer):
             self._functions[key] = function
         return self._functions[key]
 
-    @property
-    def sent(self):
-        return self._state[2][0]
-
-    @property
-    def received(self):
-        return self._state[2][1]
-
-    @property
-    def position(self):
-        return self._state[2][2]
-
-    @property
-    def own(self):
-        """This replica's change in flight (``overlap``): ``sent`` itself, or with
-        int8/int4 the float change that ``sent`` holds quantized."""
-        return self._state[2][3] if self.quantized else self.sent
-
-    @property
-    def scales(self):
-        return self._state[2][4]
-
-    @property
-    def exact_mean(self):
-        return self._state[2][5]
-
-    @property
-    def stale(self):
-        """``eager``: the others' share of the last mean that landed (in ``own``'s rows)."""
-        return self._state[4][0]
-
-    @property
-    def draws(self):
-        """How many roundings this replica has made (int8/int4): the next one's seed."""
-        return self._state[3][0]
+    def replica_weights(self):
+        """This replica's copies of the synchronised weights, as tensors (replica context)."""
+        return [_tensor(w) for w in self.synced]
 
     def _replica_reset(self):
-        for anchor, weight in zip(self.anchors, self._weights_synced):
-            anchor.assign(_tensor(weight))
+        for anchor, weight in zip(self.anchors, self.replica_weights()):
+            anchor.assign(weight)
         if self.overlap:
-            self.position.assign(self.overlap_steps)  # nothing to send
-        self._forget_stale()
+            self._overlapped.reset()
 
-    def _forget_stale(self):
-        """After a reset or a full synchronisation every replica holds the same weights:
-        the next send's estimate starts from its own change alone (so a run resumed from a
-        save, where nothing else is kept, goes on as the uninterrupted one)."""
-        if self.eager:
-            self.stale.assign(tf.zeros_like(self.stale))
-
-    def _applied(self, own):
-        """What a replica's weights went on from at the send, less the anchor: its own
-        change, or with ``eager`` the estimate of the mean (its own share plus the others'
-        share of the last mean that landed)."""
-        if not self.eager:
-            return own
-        estimate = own / tf.cast(self._replicas, own.dtype) + tf.identity(self.stale)
-        # Batch-norm statistics go on from their own, as under "own": an estimate could
-        # take a moving variance below zero until the mean lands.
-        exact = self._rows([tf.fill(w.shape, e) for w, e in zip(self._weights_synced, self._exact)])
-        return tf.where(exact, own, estimate)
-
-    def _mean(self, tensors, dtype=None):
-        """The mean over replicas of each of ``tensors``, sent in ``dtype``."""
+    def mean(self, tensors):
+        """The mean over replicas of each of ``tensors``, sent in ``allreduce_dtype``
+        (replica context; int8/int4: one rounding)."""
         if self.quantized:
-            return quantize.quantized_mean(tensors, self.allreduce_dtype, self._seed(), self._exact)
+            seed = self.seeds.next()
+            return quantize.quantized_mean(tensors, self.allreduce_dtype, seed, self.exact)
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        dtype = dtype or self.allreduce_dtype
+        dtype = self.allreduce_dtype
         if dtype in quantize.LEVELS:  # one replica, or only exact weights: nothing to round
             dtype = "float32"
         totals = all_reduce_gradients(tensors, dtype)
         return [t / tf.cast(replicas, t.dtype) for t in totals]
 
-    def _outer_step(self, trainable, anchors, means):
-        """The anchors moved by the mean weight changes ``means`` (assigned, and returned)."""
+    def outer_step(self, trainable, anchors, means):
+        """The anchors moved by the mean weight changes ``means`` (assigned, and returned;
+        replica context)."""
         new_anchors = []
         for index, (anchor, mean) in enumerate(zip(anchors, means)):
             if not trainable[index]:
@@ -494,93 +414,12 @@ class LocalStepsState(keras.layers.Layer):
             new_anchors.append(value)
         return new_anchors
 
-    def _seed(self):
-        """The stateless seed of the next rounding: this replica's, a new one each time."""
-        seed = quantize.replica_seed(tf.identity(self.draws))
-        self.draws.assign_add(1)
-        return seed
-
     def _replica_sync(self, trainable):
         anchors = [tf.identity(a) for a in self.anchors]
-        deltas = [a - _tensor(w) for a, w in zip(anchors, self._weights_synced)]
-        self._forget_stale()
-        return self._outer_step(trainable, anchors, self._mean(deltas))
-
-    def _pieces(self, rows):
-        """The per-weight tensors of a flat ``(T, chunk)`` buffer."""
-        flat = tf.reshape(rows, [-1])[: sum(self._sizes)]
-        pieces = tf.split(flat, self._sizes)
-        return [tf.reshape(p, w.shape) for p, w in zip(pieces, self._weights_synced)]
-
-    def _rows(self, tensors, like=None):
-        """``tensors`` flattened into one, padded with zeros to the shape of ``like`` (a
-        ``(T, chunk)`` buffer; by default ``own``)."""
-        shape = (self.own if like is None else like).shape
-        flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-        padding = shape[0] * shape[1] - int(flat.shape[0])
-        return tf.reshape(tf.pad(flat, [[0, padding]]), shape)
-
-    def _replica_send(self):
-        """This period's change goes out, over the next T steps; the weights stay (eager:
-        they go on from the anchor moved by the estimate, returned). With
-        int8/int4 it is quantized now (the shared scales: an all-gather)."""
-        changes = [a - _tensor(w) for a, w in zip(self.anchors, self._weights_synced)]
-        self.own.assign(self._rows(changes))
-        if self.quantized:
-            rounded, exact = quantize.partition(changes, self._exact)
-            blocks = quantize.to_blocks(rounded)
-            scales, exact_mean = quantize.share(blocks, quantize.flatten(exact))
-            self.scales.assign(scales)
-            self.exact_mean.assign(exact_mean)
-            words = quantize.encode(blocks, scales, self.allreduce_dtype, self._seed())
-            self.sent.assign(self._rows([words], like=self.sent))
-        self.position.assign(0)
-        if self.eager:  # the weights go on from the anchor moved by the estimate
-            estimate = self._pieces(self._applied(tf.identity(self.own)))
-            return [a - e for a, e in zip(self.anchors, estimate)]
-        return None
-
-    def _arrived(self, in_flight, *, full):
-        """The mean change in flight, per weight: all arrived, or with ``full`` sent now in
-        one piece (``in_flight``: ``own``'s value)."""
-        if not self.quantized:
-            if full:
-                return self._pieces(self._mean([in_flight])[0])
-            return self._pieces(tf.identity(self.received)[: self.overlap_steps])
-        if full:
-            context = tf.distribute.get_replica_context()
-            words = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(self.sent))
-        else:
-            words = tf.identity(self.received)[: self.overlap_steps]
-        mean = quantize.decode_mean(
-            tf.reshape(words, [-1]), tf.identity(self.scales), self.allreduce_dtype, self._replicas
-        )
-        rounded, exact = quantize.partition(self._weights_synced, self._exact)
-        means = quantize.from_blocks(mean, rounded)
-        exact_means = quantize.unflatten(tf.identity(self.exact_mean), exact)
-        return quantize.merge(means, exact_means, self._exact)
-
-    def _replica_land(self, trainable, *, full):
-        """The outer step with the mean of the change in flight (all arrived, or with
-        ``full`` sent now in one piece); each replica goes on from the new anchor with its
-        own steps since the change was sent, or with ``full`` everyone from the anchor
-        moved by their mean too."""
-        anchors = [tf.identity(a) for a in self.anchors]
-        in_flight = tf.identity(self.own)
-        means = self._arrived(in_flight, full=full)
-        # The steps since the change was sent, which started at the old anchor less what
-        # was applied then (the change itself, or eager's estimate).
-        applied = self._pieces(self._applied(in_flight))
-        since = [a - old - _tensor(w) for a, old, w in zip(anchors, applied, self._weights_synced)]
-        anchors = self._outer_step(trainable, anchors, means)
-        self.position.assign(self.overlap_steps)
-        if full:
-            self._forget_stale()
-            return self._outer_step(trainable, anchors, self._mean(since))
-        if self.eager:  # the others' share of this mean: the next send's estimate of theirs
-            share = in_flight / tf.cast(self._replicas, in_flight.dtype)
-            self.stale.assign(self._rows(means) - share)
-        return [a - d for a, d in zip(anchors, since)]
+        deltas = [a - w for a, w in zip(anchors, self.replica_weights())]
+        if self.overlap:
+            self._overlapped.forget_stale()
+        return self.outer_step(trainable, anchors, self.mean(deltas))
 
     # -- checkpoints -------------------------------------------------------------------
 

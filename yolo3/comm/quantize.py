@@ -26,6 +26,12 @@ Bytes per element for ``W`` replicas: 8 per word over its lanes, plus the scales
 against bfloat16's 2. The lane grows with ``log2(W)``, so the saving shrinks with more
 replicas.
 
+Each rounding draws its noise from a stateless seed (:func:`rounding_seed`), a function of
+the run's ``--seed``, the replica, the optimizer's step count and the rounding's index
+among those made at that step count (:class:`Seeds` counts them): the replicas draw
+independent numbers, each rounding new ones, another ``--seed`` others, and a run resumed
+at a step count the numbers that the run that went on drew there.
+
 The pure functions (:func:`to_blocks`, :func:`quantize`, :func:`pack`, :func:`unpack`,
 :func:`lane_bits`) take and give tensors and hold no state; :func:`share`,
 :func:`encode` and :func:`quantized_mean` run in a replica context.
@@ -223,7 +229,7 @@ def encode(blocks, scales, dtype, seed):
     """This replica's ``blocks`` quantized with ``scales`` and packed, ``(words,)`` int64.
 
     ``seed``: ``(2,)`` int64, the stateless random seed of the rounding: give each replica
-    and each synchronisation its own (see :func:`replica_seed`).
+    and each rounding its own (see :func:`rounding_seed`).
     """
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     levels = levels_of(dtype)
@@ -243,11 +249,50 @@ def decode_mean(words, scales, dtype, replicas):
     return dequantize(tf.reshape(total, [blocks, BLOCK]), scales, levels) / replicas
 
 
-def replica_seed(counter):
-    """``(2,)`` int64: ``counter`` (a synchronisation's number) and the replica's id, so that
-    replicas draw independent numbers and synchronisations new ones, reproducibly."""
+def rounding_seed(seed, step, index):
+    """The stateless seed of one rounding, ``(2,)`` int64, in replica context.
+
+    A function of the run's ``seed`` (``--seed``, a Python int), the replica's id in sync
+    (global across workers), the optimizer's step count ``step`` at the rounding and its
+    ``index`` among the roundings made at that step count (scalar int64 tensors): replicas
+    draw independent numbers, every rounding new ones, and a run that reaches the same step
+    count the same ones. ``tf.random.fold_in`` hashes each part into the seed.
+    """
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    return tf.stack([tf.cast(counter, tf.int64), tf.cast(replica, tf.int64)])
+    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(replica, tf.int64)])
+    key = tf.random.fold_in(key, tf.cast(step, tf.int64))
+    return tf.random.fold_in(key, tf.cast(index, tf.int64))
+
+
+class Seeds:
+    """The seeds of one replica's roundings (:func:`rounding_seed`), counted in per-replica
+    variables: ``draws``, the roundings made at step count ``drawn_at``. Neither is saved:
+    local steps save only after a full synchronisation, and the first rounding after a
+    resume comes at a later step count, with index 0, as it does in the run that went on.
+
+    Args:
+        seed: the run's ``--seed``.
+        variable: ``variable(name, initial)`` makes a per-replica variable.
+    """
+
+    def __init__(self, seed, variable):
+        self.seed = int(seed)
+        self.draws = variable("draws", tf.zeros((), tf.int64))
+        self.drawn_at = variable("drawn_at", tf.constant(-1, tf.int64))
+
+    def count_from(self, step):
+        """The roundings that follow are made at step count ``step`` (scalar int64): their
+        index goes on from ``draws`` if the last ones were made at that step count too, and
+        starts at 0 otherwise. Replica context."""
+        same = tf.equal(tf.identity(self.drawn_at), step)
+        self.draws.assign(tf.where(same, tf.identity(self.draws), tf.zeros((), tf.int64)))
+        self.drawn_at.assign(step)
+
+    def next(self):
+        """The next rounding's seed, ``(2,)`` int64. Replica context."""
+        seed = rounding_seed(self.seed, tf.identity(self.drawn_at), tf.identity(self.draws))
+        self.draws.assign_add(1)
+        return seed
 
 
 def quantized_mean(tensors, dtype, seed, exact, options=None):

@@ -193,6 +193,8 @@ class LocalSteps(Communication):
         replicas: the replicas in sync, which the bytes of int8 and int4 depend on; None:
             the strategy in scope's when the bytes are asked for (train.py asks under the
             run's strategy).
+        seed: the run's ``--seed``: int8 and int4 round with it (and the replica and the
+            step count; :mod:`yolo3.comm.local_steps`).
 
     ``state`` is a :class:`yolo3.comm.local_steps.LocalStepsState`, built from the body's
     weights as they are at ``compile``.
@@ -202,7 +204,7 @@ class LocalSteps(Communication):
 
     def __init__(
         self, steps, outer_lr=1.0, outer_momentum=0.0, overlap=None, dtype="float32",
-        replicas=None, merge=DEFAULT_MERGE,
+        replicas=None, merge=DEFAULT_MERGE, seed=0,
     ):  # fmt: skip
         self.steps = int(steps)
         self.outer_lr = float(outer_lr)
@@ -211,6 +213,7 @@ class LocalSteps(Communication):
         self.dtype = dtype
         self.replicas = replicas
         self.merge = merge
+        self.seed = int(seed)
 
     def build(self, body, status):
         super().build(body, status)
@@ -223,6 +226,7 @@ class LocalSteps(Communication):
                 allreduce_dtype=self.dtype,
                 overlap=self.overlap or False,
                 merge=self.merge,
+                seed=self.seed,
             )
 
     def install(self, optimizer):
@@ -364,6 +368,7 @@ def communication_from(
     overlap_merge=None,
     sync_bn=None,
     precision=None,
+    seed=0,
 ):
     """The :class:`Communication` of ``yolo3 train``'s flags of the same names.
 
@@ -381,6 +386,7 @@ def communication_from(
         precision: the mixed precision in force, as the flag (``float16``) or the Keras
             policy (``mixed_float16``) names it; float16 is refused with PowerSGD. None: not
             known yet.
+        seed: ``--seed``, which the stochastic rounding of int8 and int4 draws from.
 
     Raises:
         ValueError: naming the flags, when a value is unusable or two do not go together.
@@ -418,7 +424,13 @@ def communication_from(
     if local_steps is not None:
         merge = overlap_merge or DEFAULT_MERGE
         scheme = LocalSteps(
-            local_steps, outer_lr, outer_momentum, overlap_sync, allreduce_dtype, merge=merge
+            local_steps,
+            outer_lr,
+            outer_momentum,
+            overlap_sync,
+            allreduce_dtype,
+            merge=merge,
+            seed=seed,
         )
     elif compress == "powersgd":
         scheme = PowerSGD(rank, allreduce_dtype)

@@ -535,6 +535,7 @@ class TrainConfig:
             overlap_merge=self.overlap_merge,
             sync_bn=self.sync_bn,
             precision=precision,
+            seed=self.seed,
         )
 
 
