@@ -113,13 +113,13 @@ def test_int8_and_int4_are_refused_without_local_steps():
     assert config.communication().seed == 7
 
 
-def _problem(strategy, dtype, overlap=False, merge="own", seed=0, rounded_at=()):
+def _problem(strategy, dtype, overlap=False, merge="own", seed=0, rounded_at=(), reset=False):
     """A (20, 30) kernel (3 blocks of different sizes) and 2 statistics (not trainable:
     they travel exactly) whose copies differ on each replica, a state of ``dtype`` (and of
     the run's ``seed``) made before they moved, the weights a float32 synchronisation would
     give, and each replica's change (kernel, then statistics). Before they move the state
     synchronises at the step counts ``rounded_at``: it rounds changes of zero, which leaves
-    the weights where they are."""
+    the weights where they are; then, with ``reset``, it is reset (as after a restore)."""
     with strategy.scope():
         kernel = keras.Variable(np.zeros((20, 30)), dtype="float32", name="kernel")
         stat = keras.Variable(np.ones(2), dtype="float32", trainable=False, name="moving_mean")
@@ -129,6 +129,8 @@ def _problem(strategy, dtype, overlap=False, merge="own", seed=0, rounded_at=())
     state.reset(strategy)
     for step in rounded_at:
         state.synchronize(strategy, step=step)
+    if reset:  # as after a restore
+        state.reset(strategy)
     rng = np.random.default_rng(3)
     size = np.geomspace(1e-3, 1, 600).reshape(20, 30)  # each block its own scale
     kernels = [(size * rng.normal(size=(20, 30))).astype(np.float32) for _ in range(REPLICAS)]
@@ -225,6 +227,8 @@ def test_each_rounding_draws_from_the_seed_the_step_count_and_its_index(strategy
     assert not np.array_equal(_rounded(strategy, seed=1), went_on)
     assert not np.array_equal(_rounded(strategy, step=8), went_on)
     assert not np.array_equal(_rounded(strategy, rounded_at=[7]), went_on)
+    # A reset forgets the roundings made: as a state built afresh.
+    np.testing.assert_array_equal(_rounded(strategy, rounded_at=[7], reset=True), went_on)
     # The run's --seed reaches the state from the flags.
     scheme = communication_from(allreduce_dtype="int8", local_steps=2, seed=5)
     with strategy.scope():

@@ -379,6 +379,8 @@ class LocalStepsState(keras.layers.Layer):
             anchor.assign(weight)
         if self.overlap:
             self._overlapped.reset()
+        if self.quantized:
+            self.seeds.forget()
 
     def mean(self, tensors):
         """The mean over replicas of each of ``tensors``, sent in ``allreduce_dtype``

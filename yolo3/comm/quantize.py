@@ -256,7 +256,8 @@ def rounding_seed(seed, step, index):
     (global across workers), the optimizer's step count ``step`` at the rounding and its
     ``index`` among the roundings made at that step count (scalar int64 tensors): replicas
     draw independent numbers, every rounding new ones, and a run that reaches the same step
-    count the same ones. ``tf.random.fold_in`` hashes each part into the seed.
+    count the same ones (``tf.random.fold_in``: the seed, replica and step hashed into the
+    first word, the index the second).
     """
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     key = tf.stack([tf.constant(seed, tf.int64), tf.cast(replica, tf.int64)])
@@ -269,6 +270,10 @@ class Seeds:
     variables: ``draws``, the roundings made at step count ``drawn_at``. Neither is saved:
     local steps save only after a full synchronisation, and the first rounding after a
     resume comes at a later step count, with index 0, as it does in the run that went on.
+    (Not quite always under ``--mixed-precision float16``: the step count stands still over
+    steps the loss scale skips, and if every step between a save and the next
+    synchronisation is skipped, the resumed run draws that synchronisation's numbers at
+    index 0, the run that went on at 1.)
 
     Args:
         seed: the run's ``--seed``.
@@ -287,6 +292,11 @@ class Seeds:
         same = tf.equal(tf.identity(self.drawn_at), step)
         self.draws.assign(tf.where(same, tf.identity(self.draws), tf.zeros((), tf.int64)))
         self.drawn_at.assign(step)
+
+    def forget(self):
+        """As built: no rounding made yet (a reset, as after a restore). Replica context."""
+        self.draws.assign(tf.zeros((), tf.int64))
+        self.drawn_at.assign(tf.constant(-1, tf.int64))
 
     def next(self):
         """The next rounding's seed, ``(2,)`` int64. Replica context."""
