@@ -20,6 +20,7 @@ here. A kind of benchmark with no JSON file in the folder is left out.
 import argparse
 import io
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,8 +205,12 @@ def prediction_figure(results):
 def accuracy_figure(results):
     """mAP@0.5 against wall time of each setting (the mean over its seeds at each epoch
     end), the target dashed; one panel per run of the benchmark."""
-    figure, all_axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
-    for axes, (_, result) in zip(all_axes[0], results):
+    columns = min(len(results), 2)
+    rows = math.ceil(len(results) / columns)
+    figure, all_axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.5 * rows), squeeze=False)
+    for axes in all_axes.flat[len(results) :]:
+        axes.set_visible(False)
+    for axes, (_, result) in zip(all_axes.flat, results):
         config = result["config"]
         for row in result["settings"]:
             curve = row["curve"]
