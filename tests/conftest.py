@@ -10,6 +10,7 @@ of an XLA test's time (tests/test_xla.py's train.py run: 24 s with them, 15 s wi
 own graph passes, which decide what is computed, run either way.
 """
 
+import collections
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -52,9 +53,16 @@ def strategy(four_replicas):
 # test processes beside them are fresh: a test process that has run many in-process tests
 # holds several GB (8.4 GB in one run), and with the eight processes beside it the kernel
 # ended it for want of memory on a 24 GiB machine. ``--dist loadfile`` hands files to the
-# test processes in the order collected.
+# test processes in the order collected once pytest-xdist's own reordering (the files with
+# most tests first) is off; the order below keeps that rule after the first files.
 FIRST = ("test_eight_workers.py",)
 
 
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in FIRST)
+    tests_in_file = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (item.path.name not in FIRST, -tests_in_file[item.path]))
