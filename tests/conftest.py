@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # One thread per operation, here and in every process a test starts: the two test processes
 # already keep both cores busy, and the tests that start several TensorFlow processes start
-# up to eight on two cores, where each one's idle threads spin for work they do not get
+# up to eight on two cores, where a thread per core in each cost CPU time and did no more work
 # (tests/test_eight_workers.py alone: 182 s, 190 s of CPU, with one thread; 216 s, 229 s
 # with TensorFlow's default of one per core).
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
