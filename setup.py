@@ -82,6 +82,9 @@ setup(
             # tests/test_formats.py: an independent reader of YOLO label files and VOC XML
             # that the project's own readers (yolo3.data.formats) are checked against.
             "globox>=2.9,<3",
+            # The fuzz tests of the readers of files from elsewhere (record shards, annotation
+            # lines, dataset formats): generated hostile inputs, shrunk to the smallest that fails.
+            "hypothesis>=6.100,<7",
             *EXPORT,
             MLFLOW_CLIENT,  # tests/test_mlflow.py reads runs back with MLflow's client
             # tests/test_docs.py builds the site.
