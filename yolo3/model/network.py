@@ -253,6 +253,19 @@ def build_model(model_type, num_classes, *, num_anchors=3, input_size=None, **kw
     return body(None, num_anchors, num_classes, input_shape=(height, width, 3), **kwargs)
 
 
+def build_head_model(head, *, input_size=None, **kwargs):
+    """The network of ``head`` (a :class:`yolo3.model.head.HeadSpec`): its model type,
+    classes and anchors per level, at ``input_size`` when given, else the head's own (None
+    there: any size). Extra keyword arguments go to the body builder."""
+    return build_model(
+        head.model_type,
+        head.num_classes,
+        num_anchors=head.anchors_per_level,
+        input_size=input_size if input_size is not None else head.input_hw,
+        **kwargs,
+    )
+
+
 def model_type_of(model):
     """``"yolov3"``, ``"tiny"`` or ``"darknet53"`` for a model built here, else None."""
     return {name: kind for kind, name in MODEL_NAMES.items()}.get(getattr(model, "name", None))
