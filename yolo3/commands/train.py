@@ -12,8 +12,9 @@ finished run from its saved state (e.g. more epochs). SIGTERM to any worker stop
 worker after the same step, with a backup there.
 
 Exit status: 0 when training finished; 1 when it stopped on a non-finite loss or failed
-under way (a lost worker, a full disk, a damaged record shard: one line says what to do);
-2 on bad usage or input; 143 when stopped by SIGTERM (preempted) with backups written: run
+under way (a lost worker, a full disk, a record shard damaged under it: one line says what
+to do); 2 on bad usage or input (a record that cannot be read or decoded: one line names
+its shard and index); 143 when stopped by SIGTERM (preempted) with backups written: run
 the same command to resume.
 """
 
@@ -31,7 +32,7 @@ from yolo3.cli import (
     run_main,
 )
 from yolo3.engine import config as run_config
-from yolo3.engine import training
+from yolo3.engine import faults, training
 
 
 def build_parser():
@@ -53,9 +54,13 @@ config_from_args = run_config.from_args
 def _train(args):
     config = config_from_args(args)
     training.configure(config)
-    if args.test_io:
-        return training.test_io(config, seconds=args.test_io)
-    result = training.run(config)
+    # A record that does not decode stops the input pipeline: named, status 2 (bad input),
+    # before the next checkpoint or backup is written.
+    record_sets = [path for path in (config.records, config.val_records) if path]
+    with faults.undecodable_records_named(record_sets):
+        if args.test_io:
+            return training.test_io(config, seconds=args.test_io)
+        result = training.run(config)
     if result.preempted_at is not None:
         epoch, step = result.preempted_at
         print(

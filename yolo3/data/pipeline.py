@@ -35,7 +35,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from yolo3.data import autotune, records
+from yolo3.data import autotune, records, shard_check
 from yolo3.model.targets import build_targets
 
 logger = logging.getLogger(__name__)
@@ -210,6 +210,12 @@ def make_dataset(
 
     Returns:
         A ``tf.data.Dataset`` of the elements described in the module docstring.
+
+    Raises:
+        yolo3.data.shard_check.BadRecord: a shard this pipeline reads is not soundly framed
+            (checked here, from the record headers). A record that frames soundly but does
+            not decode stops the iteration with TensorFlow's InvalidArgumentError, which
+            names no record: :func:`yolo3.data.records.find_undecodable` finds it.
     """
     record_set = records.open_record_set(record_set)
     _check_record_set(record_set, num_classes)
@@ -224,6 +230,9 @@ def make_dataset(
             max_boxes,
         )
     files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
+    for path in files:
+        # Headers only, before TensorFlow reads a length it cannot allocate: BadRecord.
+        shard_check.check_shard(path)
     drop_remainder = training if drop_remainder is None else drop_remainder
     repeat = training if repeat is None else repeat
     if pass_batches is not None:

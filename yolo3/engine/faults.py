@@ -1,5 +1,9 @@
 """Faults that end a run which had started well: a full disk, a record shard damaged under it.
 
+(A record that was never sound, found at the start or by the input pipeline, is bad input
+instead: :func:`check_record_sets` and :func:`undecodable_records_named` raise it as
+:class:`yolo3.data.shard_check.BadRecord`, a ValueError, status 2.)
+
 Each becomes a :class:`RunFailed` whose message is one line naming the file and what to do;
 :func:`yolo3.cli.run_main` prints it and exits with status 1 (a run that failed, not a bad
 command), without a traceback. What is on disk stays usable: every checkpoint and backup is
@@ -80,12 +84,50 @@ def out_of_space(path, *, then="continue from the last backup"):
 def check_record_sets(record_sets, *, since="training started"):
     """Raises :class:`DamagedRecord` for the first of ``record_sets`` whose shards are not
     the sizes its manifest says (one ``stat`` a shard), naming the shard, and the record
-    that cannot be read where there is one; ``since``: when the set was still sound."""
+    that cannot be read where there is one; ``since``: when the set was still sound. Then
+    :class:`yolo3.data.shard_check.BadRecord` (a ValueError: bad input, status 2) for the
+    first record whose header TensorFlow must not read (headers only, 20 ms for the demo's
+    record set: :func:`yolo3.data.records.check_framing`)."""
     from yolo3.data import records  # noqa: PLC0415 - see the module docstring
 
     for record_set in record_sets:
         if records.changed_shards(record_set):
             raise damaged_record(records.find_damage(record_set), record_set.directory, since=since)
+    for record_set in record_sets:
+        records.check_framing(record_set)
+
+
+@contextlib.contextmanager
+def undecodable_records_named(record_sets):
+    """Turns the error an input pipeline stops with on a record that does not decode
+    (garbage image bytes, a box array that is not 4 values a box) into
+    :class:`yolo3.data.shard_check.BadRecord` naming the shard and the record: a ValueError,
+    which the tools print as one line with status 2.
+
+    TensorFlow's InvalidArgumentError names neither; decoding ``record_sets`` (record sets
+    or their folders) in Python again finds the record
+    (:func:`yolo3.data.records.find_undecodable`), on this error path only: the pipeline
+    itself runs as before. An InvalidArgumentError from elsewhere, or one no record
+    explains, is raised as it was.
+    """
+    import tensorflow as tf  # noqa: PLC0415 - see the module docstring
+
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, UnicodeDecodeError) as error:
+        # An InvalidArgumentError of the input pipeline comes from an iterator's GetNext
+        # (IteratorGetNext, MultiDeviceIteratorGetNext...), not from the model. A record
+        # that is no protobuf at all gives a UnicodeDecodeError instead: TensorFlow quotes
+        # its bytes in the error's message, which its Python side then fails to decode.
+        if isinstance(error, tf.errors.InvalidArgumentError) and "GetNext" not in error.message:
+            raise
+        from yolo3.data import records  # noqa: PLC0415 - see the module docstring
+
+        for record_set in record_sets:
+            found = records.find_undecodable(record_set)
+            if found is not None:
+                raise records.BadRecord(*found) from error
+        raise
 
 
 def damaged_record(damage, records_dir, *, since="training started"):

@@ -63,8 +63,7 @@ class Evaluation:
 def iterate_records(record_set, split="val"):
     """Yields ``(image, truth)`` from a record set: uint8 arrays and boxes in their frame."""
     for path in records.open_record_set(record_set).shard_paths(split):
-        for serialized in records.read_shard(path):
-            record = records.parse_example_numpy(serialized.numpy())
+        for record in records.decode_records(path):  # BadRecord names one that is not sound
             image = record["image"]
             yield (
                 image,
