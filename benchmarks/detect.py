@@ -81,34 +81,28 @@ def _untrained_weights(model_type, input_size, path, seed, image):
     import keras  # noqa: PLC0415
 
     from yolo3.checkpoint import weights as weights_io  # noqa: PLC0415
-    from yolo3.model.network import build_model, head_layer_names  # noqa: PLC0415
-    from yolo3.model.resources import DEFAULT_ANCHOR_MASKS  # noqa: PLC0415
+    from yolo3.model.head import HeadSpec  # noqa: PLC0415
+    from yolo3.model.network import build_head_model, head_layer_names  # noqa: PLC0415
 
+    num_anchors = 9 if model_type == "yolov3" else 6
+    head = HeadSpec(
+        anchors=[[10 * (i + 1), 13 * (i + 1)] for i in range(num_anchors)],
+        class_names=[f"class_{i}" for i in range(NUM_CLASSES_UNTRAINED)],
+        model_type=model_type,
+        input_hw=input_size,
+    )
     keras.utils.set_random_seed(seed)
-    model = build_model(model_type, NUM_CLASSES_UNTRAINED, input_size=input_size)
+    model = build_head_model(head)
     depth = 5 + NUM_CLASSES_UNTRAINED
-    heads = model(np.asarray(image, np.float32)[np.newaxis] / 255.0)
-    for name, head in zip(head_layer_names(model_type), heads, strict=True):
+    outputs = model(np.asarray(image, np.float32)[np.newaxis] / 255.0)
+    for name, output in zip(head_layer_names(model_type), outputs, strict=True):
         layer = model.get_layer(name)
         kernel, bias = layer.get_weights()
-        spread = float(np.std(np.asarray(head) - bias))
+        spread = float(np.std(np.asarray(output) - bias))
         bias = np.zeros((3, depth), np.float32)
         bias[:, 5:] = -5.5
         layer.set_weights([kernel * (1.5 / max(spread, 1e-6)), bias.reshape(-1)])
-    num_anchors = 9 if model_type == "yolov3" else 6
-    anchors = [[10 * (i + 1), 13 * (i + 1)] for i in range(num_anchors)]
-    weights_io.save_weights(
-        model,
-        path,
-        metadata={
-            "model_type": model_type,
-            "num_classes": NUM_CLASSES_UNTRAINED,
-            "classes": [f"class_{i}" for i in range(NUM_CLASSES_UNTRAINED)],
-            "anchors": anchors,
-            "anchor_masks": [list(m) for m in DEFAULT_ANCHOR_MASKS[num_anchors]],
-            "input_size": [input_size, input_size],
-        },
-    )
+    weights_io.save_weights(model, path, metadata=head.to_metadata())
 
 
 def prepare(model_type, config, directory, score_threshold, engines):
@@ -116,7 +110,7 @@ def prepare(model_type, config, directory, score_threshold, engines):
 
     Returns:
         ``{engine: path}`` (``opencv``: ``(cfg, weights)``), the export seconds per engine,
-        and the :class:`yolo3.inference.export.DetectorSpec` as JSON.
+        and the :class:`yolo3.inference.detector_spec.DetectorSpec` as JSON.
     """
     from yolo3.checkpoint import darknet_writer  # noqa: PLC0415
     from yolo3.data.image import letterbox_image  # noqa: PLC0415
@@ -142,9 +136,13 @@ def prepare(model_type, config, directory, score_threshold, engines):
             quantize = TFLITE_QUANTIZE[engine]
             calibration = None
             if quantize == "int8" and config.records:
-                calibration = calibration_images(config.records, spec.input_hw, CALIBRATION_IMAGES)
+                calibration = calibration_images(
+                    config.records, spec.head.input_hw, CALIBRATION_IMAGES
+                )
             elif quantize == "int8":
-                calibration = [letterbox_image(im, spec.input_hw) for im in _images(config, 16)]
+                calibration = [
+                    letterbox_image(im, spec.head.input_hw) for im in _images(config, 16)
+                ]
             paths[engine] = os.path.join(directory, f"{model_type}-{engine}.tflite")
             export_detector(
                 model,
@@ -199,13 +197,13 @@ class OpenCVDetector:
         self.net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU)
         self.names = self.net.getUnconnectedOutLayersNames()
         self.spec = spec
-        self.class_names = list(spec.class_names)
+        self.class_names = list(spec.head.class_names)
 
     def detect(self, images):
         from yolo3.data.image import letterbox_geometry, letterbox_image  # noqa: PLC0415
         from yolo3.inference.detect import letterbox_batch  # noqa: PLC0415
 
-        input_h, input_w = self.spec.input_hw
+        input_h, input_w = self.spec.head.input_hw
         inputs, sizes = letterbox_batch(images, lambda im: letterbox_image(im, (input_h, input_w)))
         blob = self.cv2.dnn.blobFromImages(
             list(inputs), 1 / 255.0, (input_w, input_h), swapRB=False, crop=False
@@ -271,10 +269,8 @@ def open_detector(engine, path, spec_json, threads):
     if engine == "keras":
         return load_detector(
             path,
-            input_size=spec.input_hw,
-            score_threshold=spec.score_threshold,
-            iou_threshold=spec.iou_threshold,
-            max_detections=spec.max_detections,
+            input_size=spec.head.input_hw,
+            **spec.thresholds,
         )
     return load_detector(path, num_threads=threads)
 

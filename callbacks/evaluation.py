@@ -49,9 +49,8 @@ class MapEvaluation(keras.callbacks.Callback):
         body: the template model being trained.
         source: a record-set folder (or annotation file) to evaluate on.
         split: the record-set split.
-        anchors, class_names: as the model was built with.
-        anchor_masks, scale_x_y: the anchors of each head and the grid sensitivity, as
-            trained (None: the defaults).
+        head: the :class:`yolo3.model.head.HeadSpec` the model is trained with (classes,
+            anchors of each level, grid sensitivity).
         every: epochs between evaluations.
         limit: evaluate at most this many images.
         tensorboard_dir: the folder of the run's TensorBoard logs; None writes nothing.
@@ -62,19 +61,15 @@ class MapEvaluation(keras.callbacks.Callback):
             score (the trainer's ``averaged_weights``); None: the weights as they are.
     """
 
-    def __init__(self, body, source, *, split, anchors, class_names, every, limit=None,
-                 tensorboard_dir=None, log=None, status=None, averaged=None,
-                 anchor_masks=None, scale_x_y=None):  # fmt: skip
+    def __init__(self, body, source, *, split, head, every, limit=None, tensorboard_dir=None,
+                 log=None, status=None, averaged=None):  # fmt: skip
         super().__init__()
         self.averaged = averaged or contextlib.nullcontext
         self.status = status or TrainingStatus()
         self.body = body
         self.source = source
         self.split = split
-        self.anchors = np.asarray(anchors, np.float32)
-        self.class_names = list(class_names)
-        self.anchor_masks = anchor_masks
-        self.scale_x_y = scale_x_y
+        self.head = head
         self.every = int(every)
         self.limit = limit
         self.tensorboard_dir = tensorboard_dir
@@ -94,10 +89,7 @@ class MapEvaluation(keras.callbacks.Callback):
             evaluation = validate.evaluate_model(
                 self.body,
                 self.source,
-                anchors=self.anchors,
-                class_names=self.class_names,
-                anchor_masks=self.anchor_masks,
-                scale_x_y=self.scale_x_y,
+                head=self.head,
                 split=self.split,
                 coco=False,
                 gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,

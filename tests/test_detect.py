@@ -6,6 +6,7 @@ the image: one anchor of the stride-32 head is confident of class 1 ("dog") ever
 every other anchor is silent. At a 64 px input that is a 2 x 2 grid of known boxes.
 """
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -22,6 +23,8 @@ from yolo3.checkpoint.weights import load_weights, save_weights
 from yolo3.cli import use_device
 from yolo3.data.image import load_rgb
 from yolo3.inference.detect import Detector, draw_detections
+from yolo3.inference.detector_spec import DetectorSpec, spec_for_weights
+from yolo3.model.head import HeadSpec
 from yolo3.model.network import build_model
 from yolo3.model.resources import parse_anchors
 
@@ -63,6 +66,10 @@ def _head_bias(num_classes, confident_slot=None, class_id=1):
         bias[confident_slot * depth + 4] = CONFIDENT
         bias[confident_slot * depth + 5 + class_id] = CONFIDENT
     return bias
+
+
+def make_head(anchors_text=ANCHORS_TEXT, class_names=CLASS_NAMES):
+    return HeadSpec(anchors=parse_anchors(anchors_text), class_names=class_names)
 
 
 def make_model(num_classes=2):
@@ -119,7 +126,7 @@ def test_detects_known_boxes_in_images_of_different_sizes(detector):
 
 
 def test_from_model_detects_the_same(detector):
-    from_model = Detector.from_model(make_model(), parse_anchors(ANCHORS_TEXT), CLASS_NAMES)
+    from_model = Detector.from_model(make_model(), make_head())
     assert from_model.input_hw == (INPUT_SIZE, INPUT_SIZE)
     image = np.full((96, 128, 3), 200, np.uint8)
     [result] = from_model.detect(image)
@@ -129,25 +136,29 @@ def test_from_model_detects_the_same(detector):
 def test_from_model_takes_no_size_for_granted():
     # A model that accepts any size has no size to assume: 416 here would be a 13 x 13 grid
     # of boxes where the weights know a 2 x 2 one.
-    anchors = parse_anchors(ANCHORS_TEXT)
     with pytest.raises(ValueError, match="accepts any input size: give input_size"):
-        Detector.from_model(build_model("tiny", 2), anchors, CLASS_NAMES)
+        Detector.from_model(build_model("tiny", 2), make_head())
     dynamic = build_model("tiny", 2)
     dynamic.set_weights(make_model().get_weights())
-    given = Detector.from_model(dynamic, anchors, CLASS_NAMES, input_size=INPUT_SIZE)
+    given = Detector.from_model(dynamic, make_head(), input_size=INPUT_SIZE)
     [result] = given.detect(np.full((96, 128, 3), 200, np.uint8))
+    _check_grid(result, EXPECTED_LANDSCAPE)
+    # A head that records the size its weights were trained at gives it.
+    recorded = Detector.from_model(dynamic, make_head().replace(input_hw=INPUT_SIZE))
+    assert recorded.input_hw == (INPUT_SIZE, INPUT_SIZE)
+    [result] = recorded.detect(np.full((96, 128, 3), 200, np.uint8))
     _check_grid(result, EXPECTED_LANDSCAPE)
 
 
 def test_from_model_rejects_anchors_for_another_head_count():
-    nine = parse_anchors("10,13, 16,30, 33,23, 30,61, 62,45, 59,119, 116,90, 156,198, 373,326")
+    nine = make_head("10,13, 16,30, 33,23, 30,61, 62,45, 59,119, 116,90, 156,198, 373,326")
     with pytest.raises(ValueError, match="2 output heads.*describe 3"):
-        Detector.from_model(make_model(), nine, CLASS_NAMES)
+        Detector.from_model(make_model(), nine)
 
 
 def test_from_model_rejects_class_names_of_another_count():
     with pytest.raises(ValueError, match="heads for 2 classes.*3 class names"):
-        Detector.from_model(make_model(), parse_anchors(ANCHORS_TEXT), ["a", "b", "c"])
+        Detector.from_model(make_model(), make_head(class_names=["a", "b", "c"]))
 
 
 def test_thresholds_are_applied(files):
@@ -160,9 +171,7 @@ def test_thresholds_are_applied(files):
         max_detections=2,
     )
     assert len(strict.detect([np.zeros((64, 64, 3), np.uint8)])[0]["boxes"]) == 0
-    capped = Detector.from_model(
-        make_model(), parse_anchors(ANCHORS_TEXT), CLASS_NAMES, max_detections=2
-    )
+    capped = Detector.from_model(make_model(), make_head(), max_detections=2)
     assert len(capped.detect([np.zeros((64, 64, 3), np.uint8)])[0]["boxes"]) == 2
 
 
@@ -397,7 +406,7 @@ def weights_with_masks(tmp_path_factory):
 
 def test_detector_uses_the_anchor_masks_the_weights_record(files, weights_with_masks):
     detector = Detector(weights_with_masks, files["anchors"], files["classes"], input_size=64)
-    assert detector.anchor_masks == ((4, 3, 5), (0, 1, 2))
+    assert detector.head.anchor_masks == ((4, 3, 5), (0, 1, 2))
     [result] = detector.detect(np.zeros((64, 64, 3), np.uint8))
     np.testing.assert_allclose(sorted_rows(result["boxes"]), EXPECTED_WITH_ANCHOR_4, atol=1e-3)
     # Given masks win over recorded ones.
@@ -406,9 +415,9 @@ def test_detector_uses_the_anchor_masks_the_weights_record(files, weights_with_m
         files["anchors"],
         files["classes"],
         input_size=64,
-        anchor_masks=((3, 4, 5), (0, 1, 2)),
+        head_overrides={"anchor_masks": ((3, 4, 5), (0, 1, 2))},
     )
-    assert given.anchor_masks == ((3, 4, 5), (0, 1, 2))
+    assert given.head.anchor_masks == ((3, 4, 5), (0, 1, 2))
 
 
 def test_original_keras2_tiny_weights_get_the_original_masks(files, tmp_path):
@@ -419,7 +428,7 @@ def test_original_keras2_tiny_weights_get_the_original_masks(files, tmp_path):
     path = str(tmp_path / "trained_weights_final.h5")
     write_keras2_h5(tiny_yolo_body(num_classes=2), path, np.random.default_rng(0))
     detector = Detector(path, files["anchors"], files["classes"], input_size=64)
-    assert detector.anchor_masks == ((3, 4, 5), (1, 2, 3))
+    assert detector.head.anchor_masks == ((3, 4, 5), (1, 2, 3))
 
 
 def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
@@ -438,7 +447,7 @@ def test_cli_anchor_masks_option(files, weights_with_masks, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--anchor-masks" in err and "e.g. '3,4,5 1,2,3'" in err
     assert detect_cli.main([*args, "--anchor-masks", "3,4,9 0,1,2"]) == 2
-    assert "beyond the 6 given" in capsys.readouterr().err
+    assert "index past the 6 anchors" in capsys.readouterr().err
 
 
 def write_described_weights(path):
@@ -507,6 +516,60 @@ def test_detector_takes_what_the_weights_file_records(described_weights):
     assert detector.input_hw == (INPUT_SIZE, INPUT_SIZE) and detector.class_names == CLASS_NAMES
     [result] = detector.detect(np.full((96, 128, 3), 200, np.uint8))
     _check_grid(result, EXPECTED_LANDSCAPE)
+
+
+def test_spec_for_weights_takes_head_fields_given_over_the_files(described_weights):
+    recorded = spec_for_weights(described_weights)
+    assert recorded.head == make_head().replace(input_hw=INPUT_SIZE)
+    assert recorded.head.scale_x_y == (1.0, 1.0)  # the file records none: YOLOv3's
+    given = spec_for_weights(
+        described_weights,
+        head_overrides={
+            "anchor_masks": ((4, 3, 5), (0, 1, 2)),
+            "scale_x_y": 1.2,
+            "model_type": None,
+        },
+    )
+    assert given.head == recorded.head.replace(anchor_masks=((4, 3, 5), (0, 1, 2)), scale_x_y=1.2)
+
+
+# An artifact's metadata as yolo3 export has written it since the grid sensitivity was
+# recorded (read_artifact_metadata of a tiny model exported at 128 x 96 px).
+ARTIFACT_METADATA = {
+    "format": "yolo3-detector",
+    "version": 1,
+    "engine": "onnx",
+    "outputs": "detections",
+    "quantize": None,
+    "model_type": "tiny",
+    "classes": ["cat", "dog"],
+    "anchors": [[10.0, 14.0], [23.0, 27.0], [37.0, 58.0], [81.0, 82.0], [135.0, 169.0],
+                [344.0, 319.0]],
+    "anchor_masks": [[3, 4, 5], [0, 1, 2]],
+    "input_size": [128, 96],
+    "resampling": "darknet",
+    "score_threshold": 0.01,
+    "iou_threshold": 0.5,
+    "max_detections": 30,
+    "scale_x_y": [1.1, 1.3],
+}  # fmt: skip
+
+
+def test_detector_spec_reads_and_writes_the_artifact_json():
+    spec = DetectorSpec.from_json(ARTIFACT_METADATA)
+    assert spec.head.class_names == ("cat", "dog") and spec.head.input_hw == (128, 96)
+    assert spec.head.anchor_masks == ((3, 4, 5), (0, 1, 2))
+    assert spec.head.scale_x_y == (1.1, 1.3) and spec.resampling == "darknet"
+    assert (spec.score_threshold, spec.iou_threshold, spec.max_detections) == (0.01, 0.5, 30)
+    # The same keys in the same order, so that the JSON text of an export is unchanged.
+    own = {key: value for key, value in ARTIFACT_METADATA.items() if key in spec.to_json()}
+    assert json.dumps(spec.to_json()) == json.dumps(own)
+    # Exported before the grid sensitivity was recorded: YOLOv3's 1 on every level.
+    older = {key: value for key, value in ARTIFACT_METADATA.items() if key != "scale_x_y"}
+    assert DetectorSpec.from_json(older) == dataclasses.replace(
+        spec, head=spec.head.replace(scale_x_y=None)
+    )
+    assert DetectorSpec.from_json(older).head.scale_x_y == (1.0, 1.0)
 
 
 def test_cli_says_which_defaults_fill_what_the_file_does_not_record(files, tmp_path, capsys):

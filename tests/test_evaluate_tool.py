@@ -10,6 +10,7 @@ from train_helpers import SIZE, small_record_set, write_anchors
 
 from yolo3.checkpoint.weights import read_metadata, save_weights
 from yolo3.evaluation import validate
+from yolo3.model.head import HeadSpec
 from yolo3.model.network import tiny_yolo_body
 
 evaluate_tool = load_tool("evaluate")
@@ -66,10 +67,8 @@ def test_annotation_source_maps_boxes_to_original_pixels(run_folder, tmp_path):
     image = np.full((90, 150, 3), 90, np.uint8)
     Image.fromarray(image).save(tmp_path / "a.png")
     (tmp_path / "val.txt").write_text("a.png 10,20,60,70,1\nmissing.png 1,1,5,5,0\n")
-    evaluation = validate.evaluate_model(
-        body, str(tmp_path / "val.txt"), anchors=SMALL_ANCHORS, class_names=["a", "b"],
-        coco=False,
-    )  # fmt: skip
+    head = HeadSpec(anchors=SMALL_ANCHORS, class_names=["a", "b"])
+    evaluation = validate.evaluate_model(body, str(tmp_path / "val.txt"), head=head, coco=False)
     assert evaluation.num_images == 1
     assert any("missing.png" in message for message in evaluation.skipped)
     _, truth, detection = evaluation.gallery[0]
@@ -133,7 +132,7 @@ def test_anchor_masks_come_from_the_file_or_the_flag(run_folder, tmp_path, capsy
     def masks(*flags):
         args = parser.parse_args(["--weights", legacy, "--anchors", anchors, *flags])
         spec = evaluate_tool._spec(args, legacy, class_names=["a", "b"], input_size=(SIZE, SIZE))
-        return spec.anchor_masks
+        return spec.head.anchor_masks
 
     # The original keras-yolo3's tiny files were trained with masks 3,4,5 and 1,2,3.
     assert masks() == ((3, 4, 5), (1, 2, 3))

@@ -91,7 +91,7 @@ def exported(tmp_path_factory):
         },
     )
     spec = spec_for_weights(weights)
-    assert spec.scale_x_y == (1.1, 1.3)
+    assert spec.head.scale_x_y == (1.1, 1.3)
     paths = {
         "saved_model": root / "saved_model",
         "onnx": root / "model.onnx",

@@ -15,6 +15,7 @@ from yolo3.inference.postprocess import (
     postprocess,
     undo_letterbox,
 )
+from yolo3.model.head import HeadSpec
 
 # Nine anchors (w, h) in input pixels. Index 6 (head 0, slot 0) and index 3 (head 1, slot 0)
 # are chosen so the hand-made boxes below land on round numbers in the original images.
@@ -37,6 +38,12 @@ MASKS_6 = ((3, 4, 5), (0, 1, 2))
 NUM_CLASSES = 3
 DEPTH = 5 + NUM_CLASSES
 CONFIDENT, SILENT = 12.0, -12.0
+
+
+def _head(num_anchors=9, num_classes=NUM_CLASSES, **fields):
+    """The head of the first ``num_anchors`` of :data:`ANCHORS` (Darknet's masks)."""
+    names = [f"class_{i}" for i in range(num_classes)]
+    return HeadSpec(anchors=ANCHORS[:num_anchors], class_names=names, **fields)
 
 
 def _sigmoid(x):
@@ -100,8 +107,14 @@ def fire(head, image, row, col, slot, class_id, txy=(0.0, 0.0), twh=(0.0, 0.0)):
 
 @pytest.mark.parametrize(
     "masks, scale_x_y",
-    [(MASKS_9, None), (MASKS_6, None), (MASKS_9, (1.05, 1.1, 1.2)), (MASKS_6, (2.0, 1.0))],
-    ids=["yolov3", "tiny", "yolov3-scale_x_y", "tiny-scale_x_y"],
+    [
+        (MASKS_9, None),
+        (MASKS_6, None),
+        (MASKS_9, (1.05, 1.1, 1.2)),
+        (MASKS_6, (2.0, 1.0)),
+        (((4, 3, 5), (0, 2, 1)), None),  # masks of the head's own, in any order
+    ],
+    ids=["yolov3", "tiny", "yolov3-scale_x_y", "tiny-scale_x_y", "tiny-own-masks"],
 )
 def test_decode_matches_numpy_oracle(masks, scale_x_y):
     rng = np.random.default_rng(0)
@@ -112,7 +125,8 @@ def test_decode_matches_numpy_oracle(masks, scale_x_y):
         for s in strides
     ]
     anchors = ANCHORS[: 3 * len(masks)]
-    boxes, scores = decode_heads(outputs, anchors, masks, NUM_CLASSES, input_hw, scale_x_y)
+    head = _head(len(anchors), anchor_masks=masks, scale_x_y=scale_x_y)
+    boxes, scores = decode_heads(outputs, head, input_hw)
     expected_boxes, expected_scores = decode_oracle(
         outputs, anchors, masks, NUM_CLASSES, input_hw, scale_x_y
     )
@@ -123,8 +137,8 @@ def test_decode_matches_numpy_oracle(masks, scale_x_y):
 
 def test_decode_rejects_head_of_wrong_width():
     outputs = silent_heads(1, 64)
-    with pytest.raises(ValueError, match=r"24 channels.*3 anchors x \(5 \+ 4 classes\) needs 27"):
-        decode_heads(outputs, ANCHORS, MASKS_9, 4, 64)
+    with pytest.raises(ValueError, match=r"24 channels; 3 anchors x \(5 \+ 4 classes\) = 27"):
+        decode_heads(outputs, _head(num_classes=4), 64)
 
 
 def test_letterbox_geometry_golden_values():
@@ -175,7 +189,7 @@ def test_one_confident_cell_gives_the_expected_box_in_original_pixels():
     fire(outputs[1], image=1, row=9, col=12, slot=0, class_id=0, txy=(math.log(31), math.log(3)))
     image_hw = np.array([[480, 640], [500, 300]], np.int32)
 
-    boxes, scores, classes, counts = postprocess(outputs, ANCHORS, NUM_CLASSES, image_hw, 416)
+    boxes, scores, classes, counts = postprocess(outputs, _head(), image_hw, 416)
 
     assert counts.numpy().tolist() == [1, 1]
     assert boxes.shape == (2, 100, 4) and scores.shape == (2, 100) and classes.dtype == tf.int32
@@ -197,9 +211,7 @@ def test_grid_sensitivity_stretches_the_offset_about_the_cell_centre():
     for txy, (centre_x, centre_y) in expected.items():
         outputs = silent_heads(1, strides=(32, 16))
         fire(outputs[1], image=0, row=9, col=12, slot=0, class_id=1, txy=txy)
-        boxes, _, _, counts = postprocess(
-            outputs, ANCHORS[:6], NUM_CLASSES, image_hw, 416, scale_x_y=(1.5, 2.0)
-        )
+        boxes, _, _, counts = postprocess(outputs, _head(6, scale_x_y=(1.5, 2.0)), image_hw, 416)
         assert counts.numpy().tolist() == [1]
         np.testing.assert_allclose(
             boxes[0, 0], [centre_x - 5, centre_y - 6.5, centre_x + 5, centre_y + 6.5],
@@ -212,7 +224,7 @@ def test_box_wholly_in_the_padding_is_dropped():
     # Head 2 (stride 8), row 0: anchor 0 = 10x13 spans y -2.5..10.5, all inside the 52 rows of
     # padding above a 640x480 image, so it clips to zero height.
     fire(outputs[2], image=0, row=0, col=20, slot=0, class_id=1)
-    *_, counts = postprocess(outputs, ANCHORS, NUM_CLASSES, np.array([[480, 640]]), 416)
+    *_, counts = postprocess(outputs, _head(), np.array([[480, 640]]), 416)
     assert counts.numpy().tolist() == [0]
 
 
@@ -296,11 +308,11 @@ def test_postprocess_in_graph_mode_matches_eager():
         ]
     )
     def graph(heads, sizes):
-        return postprocess(heads, ANCHORS, NUM_CLASSES, sizes, (416, 416), max_detections=10)
+        return postprocess(heads, _head(), sizes, (416, 416), max_detections=10)
 
     for got, expected in zip(
         graph(outputs, image_hw),
-        postprocess(outputs, ANCHORS, NUM_CLASSES, image_hw, (416, 416), max_detections=10),
+        postprocess(outputs, _head(), image_hw, (416, 416), max_detections=10),
         strict=True,
     ):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)

@@ -231,15 +231,17 @@ def detector_engine(path):
 
 
 # The flags that describe the detector a weights file holds, as argparse names them, and the
-# keyword of yolo3.inference.detector_spec.spec_for_weights (and load_detector) each one feeds. An
-# exported artifact fixes all of them: yolo3 detect and yolo3 evaluate refuse them there.
+# keyword of yolo3.inference.detector_spec.spec_for_weights (and load_detector) each one feeds;
+# None: a field of the head (yolo3.model.head.HeadSpec) of the same name, which goes in
+# spec_for_weights's one head_overrides dict. An exported artifact fixes all of them: yolo3
+# detect and yolo3 evaluate refuse them there.
 WEIGHTS_FLAGS = {
     "classes": "classes_path",
     "anchors": "anchors_path",
-    "model_type": "model_type",
+    "model_type": None,
     "input_size": "input_size",
-    "anchor_masks": "anchor_masks",
-    "scale_x_y": "scale_x_y",
+    "anchor_masks": None,
+    "scale_x_y": None,
     "resampling": "resampling",
 }
 ARTIFACT_FIXED = tuple(WEIGHTS_FLAGS)
@@ -247,7 +249,11 @@ ARTIFACT_FIXED = tuple(WEIGHTS_FLAGS)
 
 def weights_settings(args):
     """The :data:`WEIGHTS_FLAGS` in ``args`` as keyword arguments of ``spec_for_weights``."""
-    return {keyword: getattr(args, name, None) for name, keyword in WEIGHTS_FLAGS.items()}
+    settings = {"head_overrides": {}}
+    for name, keyword in WEIGHTS_FLAGS.items():
+        target = settings if keyword else settings["head_overrides"]
+        target[keyword or name] = getattr(args, name, None)
+    return settings
 
 
 def refuse_fixed_flags(args, path, engine):

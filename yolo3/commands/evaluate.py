@@ -192,19 +192,15 @@ def _source_spec(args, weights, source, anchors_path=None, log=print):
 
 def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
     spec = _source_spec(args, weights, source, anchors_path, log)
-    log(
-        f"{spec.model_type} {spec.input_hw[0]}x{spec.input_hw[1]}, "
-        f"{spec.num_classes} classes: {weights}"
-    )
+    head = spec.head
+    height, width = head.input_hw
+    log(f"{head.model_type} {height}x{width}, {head.num_classes} classes: {weights}")
     with _detecting(args, source) as bar:
         evaluation = validate.evaluate_model(
             load_keras_model(weights, spec),
             source,
-            anchors=spec.anchor_array,
-            anchor_masks=spec.anchor_masks,
-            scale_x_y=spec.scale_x_y,
+            head=head,
             resampling=spec.resampling,
-            class_names=list(spec.class_names),
             **_evaluation_options(args, bar),
         )
     return _report(args, evaluation, output, log)
@@ -367,10 +363,7 @@ def coco_json(args, log=print, tracked=None):
             model,
             args.coco_json,
             args.images,
-            anchors=spec.anchor_array,
-            class_names=list(spec.class_names),
-            anchor_masks=spec.anchor_masks,
-            scale_x_y=spec.scale_x_y,
+            head=spec.head,
             resampling=spec.resampling,
             batch_size=args.batch_size,
             limit=args.limit,

@@ -104,7 +104,7 @@ def _export(args):
     )
     images = None
     if args.quantize == "int8":
-        images = calibration_images(args.calibration, spec.input_hw, args.calibration_images)
+        images = calibration_images(args.calibration, spec.head.input_hw, args.calibration_images)
     model = load_keras_model(args.weights, spec)
     start = time.perf_counter()
     metadata = export_detector(

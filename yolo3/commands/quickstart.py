@@ -42,22 +42,24 @@ def tour(args):
     from yolo3.data import autotune
     from yolo3.data.synthetic import CLASS_NAMES, make_dataset
     from yolo3.inference.detect import Detector
+    from yolo3.model.head import HeadSpec
     from yolo3.model.loss import LOSS_TERMS, replica_loss, yolo_loss
-    from yolo3.model.network import build_model
+    from yolo3.model.network import build_head_model
     from yolo3.model.resources import read_anchors, shipped_anchors
     from yolo3.model.targets import build_targets
 
     tf.keras.utils.set_random_seed(args.seed)
-    size, num_classes = args.input_size, len(CLASS_NAMES)
+    size = args.input_size
     # Darknet's tiny anchors are for 416 px inputs; scale them to this input.
     anchors = read_anchors(shipped_anchors("tiny")) * (size / 416)
+    head = HeadSpec(anchors=anchors, class_names=CLASS_NAMES, input_hw=size)
 
     print(f"generating {args.train_images} + {args.val_images} images of {size}x{size} px")
     train_images, train_boxes = make_dataset(args.train_images, args.seed, (size, size))
     val_images, val_boxes = make_dataset(args.val_images, args.seed + 1, (size, size))
 
     def to_batch(images, boxes):
-        targets = build_targets(boxes, input_hw=(size, size), anchors=anchors, num_classes=3)
+        targets = build_targets(boxes, head=head)
         return tf.cast(images, tf.float32) / 255.0, boxes, targets
 
     dataset = (
@@ -69,14 +71,14 @@ def tour(args):
         .prefetch(2)
         .with_options(autotune.untuned_options())  # ends at once when deleted
     )
-    model = build_model("tiny", num_classes, input_size=size)
+    model = build_head_model(head)
     optimizer = tf.keras.optimizers.Adam(args.lr)
 
     @tf.function
     def train_step(images, boxes, targets):
         with tf.GradientTape() as tape:
             outputs = model(images, training=True)
-            per_image, terms = yolo_loss(targets, outputs, anchors=anchors, num_classes=3)
+            per_image, terms = yolo_loss(targets, outputs, head=head)
             loss = replica_loss(per_image, args.batch_size, model.losses)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -91,7 +93,7 @@ def tour(args):
             rate = step * args.batch_size / (time.time() - start)
             print(f"step {step:4d}/{args.steps}  {values}  ({rate:.0f} images/s)", flush=True)
 
-    detector = Detector.from_model(model, anchors, list(CLASS_NAMES), score_threshold=0.3)
+    detector = Detector.from_model(model, head, score_threshold=0.3)
     start = time.time()
     detections = detector.detect(list(val_images))
     print(f"detected on {len(val_images)} held-out images in {time.time() - start:.1f} s")

@@ -14,6 +14,7 @@ import keras
 from yolo3 import callbacks as yolo_callbacks
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.trainer import frozen_layer_names
+from yolo3.model.head import HeadSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +127,7 @@ def build_callbacks(
             body,
             map_source[0],
             split=map_source[1],
-            anchors=metadata["anchors"],
-            class_names=metadata["classes"],
-            anchor_masks=metadata["anchor_masks"],
-            scale_x_y=metadata["scale_x_y"],
+            head=HeadSpec.from_metadata(metadata, source="the run's metadata"),
             every=config.map_every,
             tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
             log=log,

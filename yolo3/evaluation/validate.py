@@ -116,26 +116,16 @@ def source_classes(source, classes_path=None):
     return read_classes(classes_path)
 
 
-def evaluate_model(
-    model,
-    source,
-    *,
-    anchors,
-    class_names,
-    anchor_masks=None,
-    scale_x_y=None,
-    resampling="bicubic",
-    **options,
-):
+def evaluate_model(model, source, *, head, resampling="bicubic", **options):
     """Detects with a Keras model on every image of ``source`` and scores the detections.
 
     Args:
         model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
         source: a :class:`yolo3.data.records.RecordSet`, a record-set folder or an annotation file.
-        anchors: ``(num_anchors, 2)`` in input pixels.
-        class_names: names, index = class id.
-        anchor_masks: anchors per head, largest stride first (default for the anchor count).
-        scale_x_y: grid sensitivity per head or one number (None: 1), as trained.
+        head: the :class:`yolo3.model.head.HeadSpec` the model was trained with (classes,
+            anchors, levels, grid sensitivity). A record set's images are at its own input
+            size; an annotation file's are letterboxed to the model's input size, else the
+            head's.
         resampling: how images are letterboxed (see :class:`yolo3.inference.detect.Detector`); a
             record set's images are already at the input size.
         **options: :func:`evaluate_detector`'s keywords.
@@ -147,13 +137,10 @@ def evaluate_model(
         input_hw = None
     detector = Detector.from_model(
         model,
-        anchors,
-        class_names,
+        head,
         input_size=input_hw,
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
-        anchor_masks=anchor_masks,
-        scale_x_y=scale_x_y,
         resampling=resampling,
     )
     return evaluate_detector(detector, source, **options)
@@ -233,10 +220,7 @@ def evaluate_coco_json(
     annotation_file,
     images_dir,
     *,
-    anchors,
-    class_names,
-    anchor_masks=None,
-    scale_x_y=None,
+    head,
     resampling="bicubic",
     batch_size=16,
     limit=None,
@@ -252,6 +236,8 @@ def evaluate_coco_json(
 
     Args:
         model: a ``yolo_body`` / ``tiny_yolo_body`` with its weights.
+        head: the :class:`yolo3.model.head.HeadSpec` it was trained with; its class names
+            are matched to the file's categories.
         annotation_file: e.g. ``instances_val2017.json``.
         images_dir: the folder its ``file_name`` entries are in.
         limit: only the first ``limit`` images in order of id (and only they are scored).
@@ -272,15 +258,12 @@ def evaluate_coco_json(
     coco_truth.dataset = data
     with contextlib.redirect_stdout(io.StringIO()):
         coco_truth.createIndex()
-    category_ids = evaluate.coco_category_ids(data["categories"], class_names)
+    category_ids = evaluate.coco_category_ids(data["categories"], list(head.class_names))
     detector = Detector.from_model(
         model,
-        anchors,
-        class_names,
+        head,
         score_threshold=MAP_SCORE_THRESHOLD,
         max_detections=MAP_MAX_DETECTIONS,
-        anchor_masks=anchor_masks,
-        scale_x_y=scale_x_y,
         resampling=resampling,
     )
     image_ids = sorted(coco_truth.getImgIds())[:limit]

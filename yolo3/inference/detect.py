@@ -15,19 +15,13 @@ import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
 from yolo3.checkpoint import weights as weights_io
-from yolo3.data.image import RESAMPLING, letterbox_darknet, letterbox_image, to_rgb
+from yolo3.data.image import letterbox_darknet, letterbox_image, to_rgb
 from yolo3.evaluation import plots
 from yolo3.evaluation.plots import class_colors
-from yolo3.inference.detector_spec import spec_for_weights
+from yolo3.inference.detector_spec import DetectorSpec, spec_for_weights
 from yolo3.inference.postprocess import postprocess
-from yolo3.model.network import build_model, head_layer_names
-from yolo3.model.resources import (
-    DARKNET_INPUT_SIZE,
-    default_anchor_masks,
-    scale_x_y_per_head,
-)
-
-NUM_HEADS = {"yolov3": 3, "tiny": 2}
+from yolo3.model.network import build_head_model, head_layer_names
+from yolo3.model.resources import DARKNET_INPUT_SIZE
 
 
 class Detector:
@@ -40,22 +34,21 @@ class Detector:
             what the weights file records (yolo3 train's checkpoints record theirs).
         classes_path: one class name per line, in the order the weights were trained with;
             default: what the weights file records.
-        model_type: ``"yolov3"`` or ``"tiny"``; default: what the file records, else from
-            the anchor count.
         input_size: network input, an int (square) or ``(height, width)``, multiples of 32;
             default: what the file records, else Darknet's 416.
         score_threshold, iou_threshold, max_detections: see
             :func:`yolo3.inference.postprocess.postprocess`.
-        anchor_masks: anchors per head, largest stride first; default: what the weights
-            file records (:func:`yolo3.checkpoint.weights.stored_anchor_masks`), else the default
-            for the anchor count.
         resampling: how images are letterboxed, ``"bicubic"`` (PIL, as this library's
             preprocessing and the original keras-yolo3) or ``"darknet"`` (Darknet's own
             resize, :func:`yolo3.data.image.letterbox_darknet`); default: ``"darknet"`` for
             weights converted from Darknet, else ``"bicubic"``.
-        scale_x_y: grid sensitivity, one number or one per head (see
-            :func:`yolo3.inference.postprocess.decode_heads`); default: what the weights file
-            records, else 1 (YOLOv3's).
+        head_overrides: fields of :class:`yolo3.model.head.HeadSpec` that win over what the
+            file records, keyed by field name: the model type, the anchor masks, the grid
+            sensitivity (see :func:`yolo3.inference.detector_spec.spec_for_weights`).
+
+    Attributes:
+        model: the Keras model; ``spec`` its :class:`yolo3.inference.detector_spec.DetectorSpec`
+            and ``head`` (``spec.head``) the :class:`yolo3.model.head.HeadSpec` it decodes with.
 
     Raises:
         ValueError naming both class counts when the weights were trained for a different
@@ -68,14 +61,12 @@ class Detector:
         anchors_path=None,
         classes_path=None,
         *,
-        model_type=None,
         input_size=None,
         score_threshold=0.3,
         iou_threshold=0.45,
         max_detections=100,
-        anchor_masks=None,
         resampling=None,
-        scale_x_y=None,
+        head_overrides=None,
     ):
         weights_path = str(weights_path)
         # One home for "an argument, else the file's metadata, else Darknet's default".
@@ -83,131 +74,72 @@ class Detector:
             weights_path,
             classes_path=classes_path,
             anchors_path=anchors_path,
-            model_type=model_type,
             input_size=input_size,
-            anchor_masks=anchor_masks,
+            head_overrides=head_overrides,
             resampling=resampling,
-            scale_x_y=scale_x_y,
-            fallbacks={"input_size": DARKNET_INPUT_SIZE},
-        )
-        anchors, class_names = spec.anchor_array, list(spec.class_names)
-        anchor_masks = _resolve_masks(anchors, spec.anchor_masks, spec.model_type)
-        num_anchors = len(anchor_masks[0])
-        model = build_model(
-            spec.model_type, len(class_names), num_anchors=num_anchors, input_size=spec.input_hw
-        )
-        try:
-            weights_io.load_weights(model, weights_path)
-        except ValueError as err:
-            found = _classes_in_file(weights_path, spec.model_type, num_anchors)
-            if found is None or found == len(class_names):
-                raise
-            raise ValueError(
-                f"weights {weights_path} have heads for {found} classes, but classes file "
-                f"{classes_path} lists {len(class_names)} classes; use the classes file the "
-                f"weights were trained with"
-            ) from err
-        self._setup(
-            model,
-            anchors,
-            class_names,
-            input_size=spec.input_hw,
             score_threshold=score_threshold,
             iou_threshold=iou_threshold,
             max_detections=max_detections,
-            anchor_masks=anchor_masks,
-            resampling=spec.resampling,
-            scale_x_y=spec.scale_x_y,
+            fallbacks={"input_size": DARKNET_INPUT_SIZE},
         )
+        head = spec.head
+        model = build_head_model(head)
+        try:
+            weights_io.load_weights(model, weights_path)
+        except ValueError as err:
+            found = _classes_in_file(weights_path, head.model_type, head.anchors_per_level)
+            if found is None or found == head.num_classes:
+                raise
+            raise ValueError(
+                f"weights {weights_path} have heads for {found} classes, but classes file "
+                f"{classes_path} lists {head.num_classes} classes; use the classes file the "
+                f"weights were trained with"
+            ) from err
+        self._setup(model, spec)
 
     @classmethod
     def from_model(
         cls,
         model,
-        anchors,
-        class_names,
+        head,
         *,
         input_size=None,
         score_threshold=0.3,
         iou_threshold=0.45,
         max_detections=100,
-        anchor_masks=None,
         resampling="bicubic",
-        scale_x_y=None,
     ):
         """A detector around an already built (and loaded) Keras model.
 
-        ``anchors`` is ``(num_anchors, 2)`` in input pixels. ``input_size`` defaults to the
-        model's static input size; a model that accepts any size needs it given (no size
-        is assumed: one the weights were not trained at detects poorly without a word).
+        ``head`` is the :class:`yolo3.model.head.HeadSpec` the model was built for.
+        ``input_size`` (an int or ``(height, width)``) defaults to the model's static input
+        size, else the head's ``input_hw``; a model that accepts any size with a head that
+        records none needs it given (no size is assumed: one the weights were not trained at
+        detects poorly without a word).
         """
-        anchors = np.asarray(anchors, dtype=np.float32)
         if input_size is None:
             height, width = model.input_shape[1:3]
-            if not (height and width):
-                raise ValueError(
-                    f"model {model.name} accepts any input size: give input_size, a multiple "
-                    "of 32 (the size its weights were trained at)"
-                )
-            input_size = (height, width)
-        detector = cls.__new__(cls)
-        detector._setup(
-            model,
-            anchors,
-            list(class_names),
-            input_size=input_size,
+            input_size = (height, width) if height and width else head.input_hw
+        if input_size is None:
+            raise ValueError(
+                f"model {model.name} accepts any input size: give input_size, a multiple "
+                "of 32 (the size its weights were trained at)"
+            )
+        spec = DetectorSpec(
+            head.replace(input_hw=input_size),
+            resampling=resampling,
             score_threshold=score_threshold,
             iou_threshold=iou_threshold,
             max_detections=max_detections,
-            anchor_masks=_resolve_masks(anchors, anchor_masks, None),
-            resampling=resampling,
-            scale_x_y=scale_x_y,
         )
+        detector = cls.__new__(cls)
+        detector._setup(model, spec)
         return detector
 
-    def _setup(
-        self,
-        model,
-        anchors,
-        class_names,
-        *,
-        input_size,
-        score_threshold,
-        iou_threshold,
-        max_detections,
-        anchor_masks,
-        resampling,
-        scale_x_y,
-    ):
-        if resampling not in RESAMPLING:
-            raise ValueError(f"resampling {resampling!r}: use one of {RESAMPLING}")
-        num_heads = len(getattr(model, "outputs", None) or anchor_masks)
-        if num_heads != len(anchor_masks):
-            raise ValueError(
-                f"model {model.name} has {num_heads} output heads but the anchor masks "
-                f"{anchor_masks} describe {len(anchor_masks)}"
-            )
-        channels = model.outputs[0].shape[-1] if getattr(model, "outputs", None) else None
-        expected = len(anchor_masks[0]) * (5 + len(class_names))
-        if channels is not None and channels != expected:
-            raise ValueError(
-                f"model {model.name} has heads for {channels // len(anchor_masks[0]) - 5} "
-                f"classes ({channels} channels) but {len(class_names)} class names were given"
-            )
+    def _setup(self, model, spec):
+        _check_model(model, spec.head)
         self.model = model
-        self.anchors = np.asarray(anchors, dtype=np.float32)
-        self.class_names = class_names
-        self.anchor_masks = anchor_masks
-        self.scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks), "scale_x_y")
-        if isinstance(input_size, int):
-            input_size = (input_size, input_size)
-        self.input_hw = tuple(int(v) for v in input_size)
-        if any(v % 32 for v in self.input_hw):
-            raise ValueError(f"input size {self.input_hw} is not a multiple of 32")
-        self.score_threshold = score_threshold
-        self.iou_threshold = iou_threshold
-        self.max_detections = max_detections
-        self.resampling = resampling
+        self.spec = spec
         # A fixed signature with an open batch axis: one trace serves every batch size. The
         # thresholds are baked in at that trace, so they are fixed for the detector's life.
         self._predict = tf.function(
@@ -218,6 +150,25 @@ class Detector:
             ],
         )
 
+    @property
+    def head(self):
+        """The :class:`yolo3.model.head.HeadSpec` the detector decodes with."""
+        return self.spec.head
+
+    @property
+    def class_names(self):
+        """The class names, a list indexed by class id."""
+        return list(self.spec.head.class_names)
+
+    @property
+    def input_hw(self):
+        """The network input ``(height, width)`` in pixels."""
+        return self.spec.head.input_hw
+
+    @property
+    def resampling(self):
+        return self.spec.resampling
+
     def letterbox(self, image):
         """The network input for one image: ``(H, W, 3)`` float32 in [0, 1]."""
         if self.resampling == "darknet":
@@ -227,16 +178,7 @@ class Detector:
     def _predict_batch(self, inputs, image_hw):
         outputs = self.model(inputs, training=False)
         return postprocess(
-            list(outputs),
-            self.anchors,
-            len(self.class_names),
-            image_hw,
-            self.input_hw,
-            anchor_masks=self.anchor_masks,
-            scale_x_y=self.scale_x_y,
-            score_threshold=self.score_threshold,
-            iou_threshold=self.iou_threshold,
-            max_detections=self.max_detections,
+            list(outputs), self.head, image_hw, self.input_hw, **self.spec.thresholds
         )
 
     def detect(self, images):
@@ -301,19 +243,19 @@ def split_detections(boxes, scores, classes, counts, class_names):
     return results
 
 
-def _resolve_masks(anchors, anchor_masks, model_type):
-    masks = anchor_masks or default_anchor_masks(len(anchors))
-    masks = tuple(tuple(int(i) for i in mask) for mask in masks)
-    if model_type is not None and len(masks) != NUM_HEADS[model_type]:
+def _check_model(model, head):
+    """ValueError naming both counts when ``model``'s outputs do not fit ``head``."""
+    shapes = [output.shape for output in getattr(model, "outputs", None) or ()]
+    if not shapes:
+        return  # a subclassed model declares no outputs; decoding checks what it returns
+    what = f"model {model.name}"
+    channels = shapes[0][-1]
+    if len(shapes) == head.num_levels and channels not in (None, head.channels):
         raise ValueError(
-            f"{model_type} has {NUM_HEADS[model_type]} heads but the anchor masks {masks} "
-            f"describe {len(masks)}; give 9 anchors for yolov3 or 6 for tiny"
+            f"{what} has heads for {channels // head.anchors_per_level - 5} classes "
+            f"({channels} channels) but {head.num_classes} class names were given"
         )
-    if len({len(mask) for mask in masks}) != 1:
-        raise ValueError(f"anchor masks {masks} must give every head the same anchor count")
-    if any(not 0 <= index < len(anchors) for mask in masks for index in mask):
-        raise ValueError(f"anchor masks {masks} name anchors beyond the {len(anchors)} given")
-    return masks
+    head.check_outputs(shapes, what)
 
 
 def _classes_in_file(path, model_type, num_anchors):

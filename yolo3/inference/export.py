@@ -82,9 +82,9 @@ def serving_function(model, spec, outputs):
     """
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs {outputs!r}: use one of {OUTPUTS}")
-    images_spec = tf.TensorSpec((None, *spec.input_hw, 3), tf.uint8, name="images")
+    input_hw = spec.head.input_hw
+    images_spec = tf.TensorSpec((None, *input_hw, 3), tf.uint8, name="images")
     hw_spec = tf.TensorSpec((None, 2), tf.int32, name="image_hw")
-    anchors = spec.anchor_array
 
     def heads(images):
         inputs = tf.cast(images, tf.float32) / 255.0
@@ -99,15 +99,7 @@ def serving_function(model, spec, outputs):
         return run_heads
 
     def candidates(images, image_hw):
-        return decode_to_image(
-            heads(images),
-            anchors,
-            spec.num_classes,
-            image_hw,
-            spec.input_hw,
-            anchor_masks=spec.anchor_masks,
-            scale_x_y=spec.scale_x_y,
-        )
+        return decode_to_image(heads(images), spec.head, image_hw, input_hw)
 
     if outputs == "candidates":
 
@@ -122,10 +114,7 @@ def serving_function(model, spec, outputs):
     def run_detections(images, image_hw):
         # postprocess() is these two halves: the candidates, then class-wise NMS.
         boxes, scores, classes, counts = batched_nms(
-            *candidates(images, image_hw),
-            score_threshold=spec.score_threshold,
-            iou_threshold=spec.iou_threshold,
-            max_detections=spec.max_detections,
+            *candidates(images, image_hw), **spec.thresholds
         )
         return {"boxes": boxes, "scores": scores, "classes": classes, "num_detections": counts}
 
@@ -243,10 +232,10 @@ def _write_saved_model(model, spec, function, metadata, output):
         @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="encoded")])
         def detect_encoded(encoded):
             images, image_hw = tf.map_fn(
-                lambda data: letterbox_encoded(data, spec.input_hw),
+                lambda data: letterbox_encoded(data, spec.head.input_hw),
                 encoded,
                 fn_output_signature=(
-                    tf.TensorSpec((*spec.input_hw, 3), tf.uint8),
+                    tf.TensorSpec((*spec.head.input_hw, 3), tf.uint8),
                     tf.TensorSpec((2,), tf.int32),
                 ),
             )

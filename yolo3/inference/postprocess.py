@@ -12,7 +12,6 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 import tensorflow as tf
 
 from yolo3.model.loss import cell_offsets
-from yolo3.model.resources import default_anchor_masks, scale_x_y_per_head
 
 
 def _as_hw(size):
@@ -22,69 +21,51 @@ def _as_hw(size):
     return size, size
 
 
-def _check_heads(outputs, anchors, anchor_masks, num_classes):
-    if len(outputs) != len(anchor_masks):
-        raise ValueError(
-            f"{len(outputs)} output heads but {len(anchor_masks)} anchor masks "
-            f"{anchor_masks}; YOLOv3 has 3 heads (9 anchors), tiny-YOLOv3 2 (6 anchors)"
-        )
-    num_anchors = int(anchors.shape[0])
-    for level, (output, mask) in enumerate(zip(outputs, anchor_masks, strict=True)):
-        if any(not 0 <= index < num_anchors for index in mask):
-            raise ValueError(f"anchor mask {mask} indexes outside the {num_anchors} anchors")
-        channels = output.shape[-1]
-        expected = len(mask) * (5 + num_classes)
-        if channels is not None and channels != expected:
-            raise ValueError(
-                f"head {level} has {channels} channels; {len(mask)} anchors x (5 + "
-                f"{num_classes} classes) needs {expected}. Is the classes file the one the "
-                f"model was built for ({channels / len(mask) - 5:g} classes)?"
-            )
-
-
-def decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw, scale_x_y=None):
+def decode_heads(outputs, head, input_hw):
     """Decodes raw heads into boxes and per-class scores.
 
     Args:
         outputs: list of raw heads, largest stride first, each
-            ``(N, H_l, W_l, len(mask_l) * (5 + num_classes))`` float (cast to float32).
-        anchors: ``(num_anchors, 2)`` anchor ``(width, height)`` in input pixels.
-        anchor_masks: per head, the indices into ``anchors`` it predicts, e.g.
-            ``((6, 7, 8), (3, 4, 5), (0, 1, 2))``.
-        num_classes: number of classes C.
-        input_hw: ``(height, width)`` of the network input in pixels (or one int).
-        scale_x_y: grid sensitivity, one number or one per head (None: 1, YOLOv3's).
+            ``(N, H_l, W_l, anchors_per_level * (5 + num_classes))`` float (cast to float32).
+        head: the :class:`yolo3.model.head.HeadSpec` the network was built for: its levels'
+            anchors (input pixels) and grid sensitivity, its class count.
+        input_hw: ``(height, width)`` of the network input in pixels (or one int); Python
+            ints or scalar tensors, so one trace serves any size.
 
     Returns:
         ``boxes`` ``(N, total_boxes, 4)`` float32, ``x_min, y_min, x_max, y_max`` in
         letterboxed input pixels, and ``scores`` ``(N, total_boxes, C)`` float32,
         ``sigmoid(objectness) * sigmoid(class logit)``, where
-        ``total_boxes = sum_l H_l * W_l * len(mask_l)``. The box centre is
+        ``total_boxes = sum_l H_l * W_l * anchors_per_level``. The box centre is
         ``(offset + cell) / grid_size * input_size``, the offset ``sigmoid(t_xy) * s - (s -
-        1) / 2`` (:func:`yolo3.model.loss.cell_offsets`), and its size
-        ``exp(t_wh) * anchor``.
+        1) / 2`` with ``s`` the level's ``xy_scale`` (:func:`yolo3.model.loss.cell_offsets`),
+        and its size ``exp(t_wh) * anchor``.
+
+    Raises:
+        ValueError naming both counts when the outputs do not fit ``head``
+        (:meth:`yolo3.model.head.HeadSpec.check_outputs`).
     """
-    anchors = tf.convert_to_tensor(anchors, tf.float32)
-    _check_heads(outputs, anchors, anchor_masks, num_classes)
+    head.check_outputs([output.shape for output in outputs], "the network")
+    num_classes = head.num_classes
     input_h, input_w = _as_hw(input_hw)
     input_wh = tf.cast(tf.stack([input_w, input_h]), tf.float32)
-    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
     all_boxes, all_scores = [], []
-    for output, mask, scale in zip(outputs, anchor_masks, scale_x_y, strict=True):
+    for output, level in zip(outputs, head.levels(), strict=True):
         # Mixed-precision models emit float16; exp and sigmoid need float32 headroom.
         output = tf.cast(output, tf.float32)
         shape = tf.shape(output)
         batch, grid_h, grid_w = shape[0], shape[1], shape[2]
-        num_level_anchors = len(mask)
-        output = tf.reshape(output, [batch, grid_h, grid_w, num_level_anchors, 5 + num_classes])
+        output = tf.reshape(
+            output, [batch, grid_h, grid_w, len(level.anchor_indices), 5 + num_classes]
+        )
 
         # cell[row, col] = (col, row), broadcast over the anchor axis.
         cols, rows = tf.meshgrid(tf.range(grid_w), tf.range(grid_h))
         cell = tf.expand_dims(tf.cast(tf.stack([cols, rows], axis=-1), tf.float32), 2)
         grid_wh = tf.cast(tf.stack([grid_w, grid_h]), tf.float32)
-        level_anchors = tf.gather(anchors, list(mask))  # (num_level_anchors, 2)
+        level_anchors = tf.constant(level.anchors, tf.float32)  # (anchors_per_level, 2)
 
-        centre = (cell_offsets(output[..., 0:2], scale) + cell) / grid_wh * input_wh
+        centre = (cell_offsets(output[..., 0:2], level.xy_scale) + cell) / grid_wh * input_wh
         size = tf.exp(output[..., 2:4]) * level_anchors
         boxes = tf.concat([centre - size / 2, centre + size / 2], axis=-1)
         scores = tf.sigmoid(output[..., 4:5]) * tf.sigmoid(output[..., 5:])
@@ -184,13 +165,10 @@ def batched_nms(boxes, scores, *, score_threshold=0.3, iou_threshold=0.45, max_d
 
 def postprocess(
     outputs,
-    anchors,
-    num_classes,
+    head,
     image_hw,
     input_hw,
     *,
-    anchor_masks=None,
-    scale_x_y=None,
     score_threshold=0.3,
     iou_threshold=0.45,
     max_detections=100,
@@ -199,13 +177,10 @@ def postprocess(
 
     Args:
         outputs: raw heads, largest stride first (see :func:`decode_heads`).
-        anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
-        num_classes: number of classes C.
+        head: the :class:`yolo3.model.head.HeadSpec` the network was built for.
         image_hw: ``(N, 2)`` integer original ``(height, width)`` of each image; images in
             a batch may differ in size.
         input_hw: ``(height, width)`` of the network input (or one int).
-        anchor_masks: anchors per head; default :func:`yolo3.model.resources.default_anchor_masks`.
-        scale_x_y: grid sensitivity per head, or one number (None: 1); see :func:`decode_heads`.
         score_threshold, iou_threshold, max_detections: see :func:`batched_nms`.
 
     Returns:
@@ -214,15 +189,7 @@ def postprocess(
         ``(N, max_detections)`` int32 and ``num_detections`` ``(N,)`` int32; rows past
         ``num_detections[i]`` are zero padding.
     """
-    boxes, scores = decode_to_image(
-        outputs,
-        anchors,
-        num_classes,
-        image_hw,
-        input_hw,
-        anchor_masks=anchor_masks,
-        scale_x_y=scale_x_y,
-    )
+    boxes, scores = decode_to_image(outputs, head, image_hw, input_hw)
     return batched_nms(
         boxes,
         scores,
@@ -232,9 +199,7 @@ def postprocess(
     )
 
 
-def decode_to_image(
-    outputs, anchors, num_classes, image_hw, input_hw, *, anchor_masks=None, scale_x_y=None
-):
+def decode_to_image(outputs, head, image_hw, input_hw):
     """Raw heads of a letterboxed batch -> every candidate box in original pixels, before NMS.
 
     The first half of :func:`postprocess` (whose arguments these are), for engines that run
@@ -245,9 +210,7 @@ def decode_to_image(
         and ``scores`` ``(N, total_boxes, C)`` float32, zero for boxes with no area left
         after clipping; :func:`batched_nms` on them gives :func:`postprocess`'s result.
     """
-    if anchor_masks is None:
-        anchor_masks = default_anchor_masks(int(tf.convert_to_tensor(anchors).shape[0]))
-    boxes, scores = decode_heads(outputs, anchors, anchor_masks, num_classes, input_hw, scale_x_y)
+    boxes, scores = decode_heads(outputs, head, input_hw)
     boxes = undo_letterbox(boxes, image_hw, input_hw)
     # A box lying wholly in the letterbox padding clips to zero width or height; it covers
     # no pixel of the image, so it must not survive as a detection.

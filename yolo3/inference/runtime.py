@@ -33,25 +33,19 @@ def load_detector(path, *, num_threads=None, **settings):
     Args:
         path: a ``.weights.h5`` file, a SavedModel folder, an ``.onnx`` or a ``.tflite`` file.
         num_threads: CPU threads for onnxruntime and LiteRT (None: their default).
-        **settings: for weights files, :func:`yolo3.inference.export.spec_for_weights`'s keywords
-            (``classes_path``, ``anchors_path``, ``input_size``, thresholds, ...); for an
-            artifact only thresholds equal to those it was exported with (ValueError
-            otherwise: they are part of the artifact).
+        **settings: for weights files, :func:`yolo3.inference.detector_spec.spec_for_weights`'s
+            keywords (``classes_path``, ``anchors_path``, ``input_size``, ``head_overrides``,
+            thresholds, ...); for an artifact only thresholds equal to those it was exported
+            with (ValueError otherwise: they are part of the artifact).
     """
     engine = artifact_engine(path)
     if engine == "keras":
         spec = spec_for_weights(path, **settings)
         return Detector.from_model(
             load_keras_model(path, spec),
-            spec.anchor_array,
-            spec.class_names,
-            input_size=spec.input_hw,
-            score_threshold=spec.score_threshold,
-            iou_threshold=spec.iou_threshold,
-            max_detections=spec.max_detections,
-            anchor_masks=spec.anchor_masks,
+            spec.head,
             resampling=spec.resampling,
-            scale_x_y=spec.scale_x_y,
+            **spec.thresholds,
         )
     return ArtifactDetector(path, engine=engine, num_threads=num_threads, **settings)
 
@@ -71,7 +65,7 @@ class ArtifactDetector:
         if self.engine == "saved_model":
             loaded = tf.saved_model.load(self.path)
         self.metadata = read_artifact_metadata(self.path, self.engine, loaded=loaded)
-        self.spec = DetectorSpec.from_json(self.metadata)
+        self.spec = DetectorSpec.from_json(self.metadata, source=self.path)
         for name, value in settings.items():
             if name not in EXPORT_TIME_SETTINGS:
                 raise ValueError(
@@ -83,8 +77,8 @@ class ArtifactDetector:
                     f"{self.path} was exported with {name} {getattr(self.spec, name)}; "
                     f"export again with the new value to use {value}"
                 )
-        self.class_names = list(self.spec.class_names)
-        self.input_hw = self.spec.input_hw
+        self.class_names = list(self.spec.head.class_names)
+        self.input_hw = self.spec.head.input_hw
         self.outputs = self.metadata["outputs"]
         if self.engine == "saved_model":
             self._run = _saved_model_runner(loaded)
@@ -176,11 +170,7 @@ def _tflite_runner(path, num_threads):
 
 def _host_postprocess(spec, outputs):
     """What runs here after the artifact: nothing, NMS, or decode and NMS."""
-    thresholds = {
-        "score_threshold": spec.score_threshold,
-        "iou_threshold": spec.iou_threshold,
-        "max_detections": spec.max_detections,
-    }
+    thresholds = spec.thresholds
     if outputs == "detections":
 
         def finish(found, sizes):
@@ -198,7 +188,7 @@ def _host_postprocess(spec, outputs):
             lambda boxes, scores: batched_nms(boxes, scores, **thresholds),
             input_signature=[
                 tf.TensorSpec((None, None, 4), tf.float32),
-                tf.TensorSpec((None, None, spec.num_classes), tf.float32),
+                tf.TensorSpec((None, None, spec.head.num_classes), tf.float32),
             ],
         )
 
@@ -207,26 +197,19 @@ def _host_postprocess(spec, outputs):
             return tuple(t.numpy() for t in nms(found["boxes"], found["scores"]))
 
         return finish
-    num_heads = len(spec.anchor_masks)
+    num_levels = spec.head.num_levels
     decode = tf.function(
         lambda heads, image_hw: postprocess(
-            heads,
-            spec.anchor_array,
-            spec.num_classes,
-            image_hw,
-            spec.input_hw,
-            anchor_masks=spec.anchor_masks,
-            scale_x_y=spec.scale_x_y,
-            **thresholds,
+            heads, spec.head, image_hw, spec.head.input_hw, **thresholds
         ),
         input_signature=[
-            [tf.TensorSpec((None, None, None, None), tf.float32)] * num_heads,
+            [tf.TensorSpec((None, None, None, None), tf.float32)] * num_levels,
             tf.TensorSpec((None, 2), tf.int32),
         ],
     )
 
     def finish(found, sizes):
-        heads = [found[f"head_{level}"] for level in range(num_heads)]
+        heads = [found[f"head_{level}"] for level in range(num_levels)]
         return tuple(t.numpy() for t in decode(heads, sizes))
 
     return finish
