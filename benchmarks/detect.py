@@ -155,17 +155,7 @@ def prepare(model_type, config, directory, score_threshold, engines):
         elif engine == "opencv":
             cfg = os.path.join(directory, f"{model_type}.cfg")
             darknet_weights = os.path.join(directory, f"{model_type}.weights")
-            darknet_writer.write_darknet(
-                model,
-                cfg,
-                darknet_weights,
-                model_type=spec.model_type,
-                num_classes=spec.num_classes,
-                input_hw=spec.input_hw,
-                anchors=spec.anchor_array,
-                anchor_masks=spec.anchor_masks,
-                scale_x_y=spec.scale_x_y,
-            )
+            darknet_writer.write_darknet(model, cfg, darknet_weights, spec.head)
             _set_opencv_threshold(cfg, score_threshold)
             paths[engine] = (cfg, darknet_weights)
         else:

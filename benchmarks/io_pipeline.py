@@ -25,6 +25,7 @@ import numpy as np
 
 from benchmarks import harness, original_input
 from yolo3.data import annotations, synthetic
+from yolo3.model.head import HeadSpec
 
 # Goals of the record-set pipeline, per core: against the original, and against decoding.
 GOAL_VS_ORIGINAL = 20.0
@@ -138,8 +139,7 @@ def _time_records(
         records_dir,
         "train",
         batch_size=batch_size,
-        anchors=np.asarray(anchors, np.float32),
-        num_classes=num_classes,
+        head=HeadSpec(anchors=anchors, class_names=[str(i) for i in range(num_classes)]),
         training=True,
         seed=seed + repeat,
         targets=targets,

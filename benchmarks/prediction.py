@@ -85,7 +85,7 @@ def workload(model_type, num_classes=80):
     sent = {}
     for label, (_, dtype, rank, local, overlap) in SETTINGS:
         scheme = communication_from(
-            dtype,
+            allreduce_dtype=dtype,
             compress="powersgd" if rank else "none",
             rank=rank or 4,
             local_steps=local or None,

@@ -734,7 +734,7 @@ def _build_worker_step(config, job, replicas, worker_index=0):
     """A worker's compiled trainer for ``job``'s setting, and its input batch
     (:func:`benchmarks.train_step.build_step`), under the caller's strategy scope."""
     communication = communication_from(
-        job["allreduce_dtype"],
+        allreduce_dtype=job["allreduce_dtype"],
         compress="powersgd" if job["rank"] else "none",
         rank=job["rank"] or 4,
         local_steps=job["local_steps"] or None,

@@ -42,7 +42,6 @@ import sys
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -52,6 +51,7 @@ from yolo3.distributed import devices
 from yolo3.engine.trainer import WarmupSchedule, YoloTrainer, make_optimizer
 from yolo3.model import network as model
 from yolo3.model.flops import TRAIN_STEP_FACTOR, count_flops
+from yolo3.model.head import HeadSpec
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.model.targets import build_targets
 
@@ -185,11 +185,10 @@ def build_step(
         config.model, config.num_classes, input_size=size, synchronized_bn=synchronized_bn
     )
     trainer_class = TrivialLossTrainer if trivial_loss else YoloTrainer
-    anchors = np.asarray(config.anchors, np.float32)
+    head = HeadSpec(anchors=config.anchors, class_names=[str(i) for i in range(config.num_classes)])
     trainer = trainer_class(
         body,
-        anchors=anchors,
-        num_classes=config.num_classes,
+        head=head,
         remat=remat,
         accumulate=accumulate,
         communication=communication,
@@ -221,10 +220,7 @@ def _build(kind, config, *, precision="float32", **step_options):
     labels = boxes
     if kind == "loss_only":
         labels = build_targets(
-            boxes,
-            input_hw=(config.input_size, config.input_size),
-            anchors=trainer.anchors,
-            num_classes=config.num_classes,
+            boxes, head=trainer.head, input_hw=(config.input_size, config.input_size)
         )
     return trainer, tf.data.Dataset.from_tensors((images, labels)).repeat()
 

@@ -27,13 +27,14 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 of this namespace: only a run that tracks imports it, and MLflow with it.
 """
 
-from yolo3.engine.status import TrainingStatus
+from yolo3.checkpoint.run_files import BEST, LAST, read_training_state
+from yolo3.comm.local_sync import LocalSync
+from yolo3.status import TrainingStatus
 
 from .backup import WorkerBackup
-from .checkpoint import BEST, LAST, TemplateCheckpoint, read_training_state
+from .checkpoint import TemplateCheckpoint
 from .evaluation import MAP_KEY, MapEvaluation
 from .history import HISTORY_FILE, EpochHistory, read_history
-from .local_sync import LocalSync
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .record_check import RecordSetCheck

@@ -25,8 +25,8 @@ import keras
 
 from yolo3.checkpoint.weights import read_metadata, write_weights_file
 from yolo3.distributed import strategy as distribute
-from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write, remove_temporaries
+from yolo3.status import TrainingStatus
 
 PATTERN = "backup-{step:09d}.weights.h5"
 LEGACY = "backup.weights.h5"  # one file, epoch ends only (earlier versions)

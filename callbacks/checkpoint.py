@@ -23,25 +23,11 @@ import shutil
 
 import keras
 
+from yolo3.checkpoint.run_files import BEST, LAST, STATE
 from yolo3.checkpoint.weights import read_metadata, save_weights, write_weights_file
 from yolo3.distributed import strategy as distribute
-from yolo3.engine.status import TrainingStatus
 from yolo3.fileio import atomic_write, remove_temporaries
-
-LAST = "last.weights.h5"
-BEST = "best.weights.h5"
-STATE = "state.weights.h5"
-
-
-def read_training_state(directory):
-    """``(path, metadata)`` of the training state in ``directory``, or ``None`` if absent.
-
-    ``metadata["epoch"]`` is the number of finished epochs.
-    """
-    path = os.path.join(directory, STATE)
-    if not os.path.exists(path):
-        return None
-    return path, read_metadata(path)
+from yolo3.status import TrainingStatus
 
 
 def _finite_logs(logs):

@@ -10,7 +10,7 @@ import unicodedata
 import keras
 import numpy as np
 
-from yolo3.engine.status import TrainingStatus
+from yolo3.status import TrainingStatus
 
 # What goes to TensorBoard beside ``val_mAP50`` (see :class:`MapEvaluation`): the first
 # GALLERY_IMAGES validation images, each scaled to fit a GALLERY_TILE square, in rows of

@@ -39,7 +39,7 @@ import time
 import keras
 
 from yolo3 import fileio
-from yolo3.engine.status import TrainingStatus
+from yolo3.status import TrainingStatus
 
 from .checkpoint import BEST, LAST
 

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 
 from yolo3.engine.step import INPUT_WAIT_KEY
+from yolo3.model.loss import ALL_LOSS_TERMS, term_log_key
 from yolo3.progress import DEFAULT_SECONDS, Interval, format_duration
 
 
@@ -86,11 +87,10 @@ class StopOnNonFinite(keras.callbacks.Callback):
     are running means over the epoch, so the step is the first one that was non-finite).
     """
 
-    def __init__(
-        self, terms=("loss", "xy_loss", "wh_loss", "box_loss", "objectness_loss", "class_loss")
-    ):
+    def __init__(self, terms=None):
         super().__init__()
-        self.terms = terms
+        # Every logged loss term (yolo3.model.loss keeps the list), and the total.
+        self.terms = terms or ("loss", *map(term_log_key, ALL_LOSS_TERMS))
         self.message = None
         self.epoch = 0
 

@@ -2,7 +2,7 @@
 
 import keras
 
-from yolo3.engine import faults
+from yolo3 import faults
 
 
 class RecordSetCheck(keras.callbacks.Callback):
@@ -12,7 +12,7 @@ class RecordSetCheck(keras.callbacks.Callback):
     or replaced by another of a different size, still reads, and the run would go on with
     data the manifest does not describe. At each epoch's end (before the backup and the
     checkpoints) every shard's size is compared with the manifest, one ``stat`` a shard,
-    and a change ends the run with :class:`yolo3.engine.faults.DamagedRecord`: one line,
+    and a change ends the run with :class:`yolo3.faults.DamagedRecord`: one line,
     exit status 1, the last backup kept.
 
     Args:

@@ -49,7 +49,7 @@ def _strategy(layout):
 
 def run(layout, problem, settings):
     import keras
-    from helpers import SMALL_ANCHORS, initial_weights, micro_model
+    from helpers import SMALL_ANCHORS, initial_weights, make_head, micro_model
 
     from yolo3.comm.schemes import AllReduce
     from yolo3.engine.trainer import YoloTrainer
@@ -85,8 +85,7 @@ def run(layout, problem, settings):
                     layer.trainable = False
         trainer = YoloTrainer(
             body,
-            anchors=SMALL_ANCHORS,
-            num_classes=2,
+            head=make_head(SMALL_ANCHORS, 2),
             ignore_thresh=0.5,
             accumulate=accumulate,
             communication=AllReduce(settings["allreduce_dtype"]),

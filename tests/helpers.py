@@ -4,12 +4,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from yolo3.model.head import HeadSpec
 from yolo3.model.layers import SyncBatchNormalization
 from yolo3.model.network import tiny_yolo_body
 
 # Anchors sized for 64-128 px test inputs, smallest first as in Darknet's files.
 SMALL_ANCHORS = np.array([[6, 8], [10, 14], [16, 16], [24, 30], [40, 36], [56, 60]], np.float32)
 SMALL_MASKS = ((3, 4, 5), (0, 1, 2))
+
+
+def make_head(anchors=SMALL_ANCHORS, num_classes=2, **fields):
+    """A :class:`HeadSpec` of ``anchors`` with ``num_classes`` classes named "0", "1", ...;
+    ``fields`` (``scale_x_y``, ``anchor_masks``, ``input_hw``, ...) as HeadSpec takes them."""
+    return HeadSpec(anchors=anchors, class_names=[str(i) for i in range(num_classes)], **fields)
 
 
 def tiny_model(num_classes=2, size=64, **kwargs):

@@ -25,7 +25,7 @@ configure_devices(gpus=0, cpu_replicas=2)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from helpers import SMALL_ANCHORS, random_boxes, tiny_model  # noqa: E402
+from helpers import SMALL_ANCHORS, make_head, random_boxes, tiny_model  # noqa: E402
 
 from yolo3.distributed import malloc  # noqa: E402
 from yolo3.engine.trainer import YoloTrainer  # noqa: E402
@@ -83,7 +83,7 @@ def main(mode):
     images = rng.uniform(0, 1, (BATCH * STEPS, SIZE, SIZE, 3)).astype(np.float32)
     boxes = random_boxes(rng, BATCH * STEPS, 4, SIZE, 2)
     with strategy.scope():
-        trainer = YoloTrainer(tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2)
+        trainer = YoloTrainer(tiny_model(size=SIZE), head=make_head(SMALL_ANCHORS, 2))
         trainer.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=False)
     blocks = MappedBlocks()
     trainer.fit(images, boxes, batch_size=BATCH, epochs=1, callbacks=[blocks], verbose=0)

@@ -26,7 +26,7 @@ configure_devices(gpus=0, cpu_replicas=REPLICAS)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from helpers import SMALL_ANCHORS, random_boxes, tiny_model  # noqa: E402
+from helpers import SMALL_ANCHORS, make_head, random_boxes, tiny_model  # noqa: E402
 
 from yolo3.engine.trainer import YoloTrainer  # noqa: E402
 
@@ -37,7 +37,7 @@ def one_step(strategy, remat, images, boxes):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         body = tiny_model(NUM_CLASSES, SIZE)
-        trainer = YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, remat=remat)
+        trainer = YoloTrainer(body, head=make_head(SMALL_ANCHORS, NUM_CLASSES), remat=remat)
         trainer.compile(optimizer=keras.optimizers.SGD(1.0))
     before = [v.numpy() for v in body.trainable_variables]
     dataset = tf.data.Dataset.from_tensors((images, boxes))
@@ -61,7 +61,7 @@ def main(result_path):
     with strategy.scope():
         body = tiny_model(NUM_CLASSES, SIZE, synchronized_bn=True)
         try:
-            YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, remat="full")
+            YoloTrainer(body, head=make_head(SMALL_ANCHORS, NUM_CLASSES), remat="full")
             result["sync_bn_error"] = ""
         except ValueError as err:
             result["sync_bn_error"] = str(err)

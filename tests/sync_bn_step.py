@@ -60,7 +60,7 @@ def run(strategy, images, boxes, initial, batch_norm):
 
     Returns the model and ``{step: [weights as arrays]}`` after the first and the last step.
     """
-    from helpers import SMALL_ANCHORS
+    from helpers import SMALL_ANCHORS, make_head
 
     from yolo3.model.loss import replica_loss, yolo_loss
     from yolo3.model.targets import build_targets
@@ -73,10 +73,10 @@ def run(strategy, images, boxes, initial, batch_norm):
         optimizer.build(model.trainable_variables)
 
     def replica_step(images, boxes):
-        targets = build_targets(boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=2)
+        targets = build_targets(boxes, input_hw=(SIZE, SIZE), head=make_head(SMALL_ANCHORS, 2))
         with tf.GradientTape() as tape:
             outputs = model(images, training=True)
-            total, _ = yolo_loss(targets, outputs, anchors=SMALL_ANCHORS, num_classes=2)
+            total, _ = yolo_loss(targets, outputs, head=make_head(SMALL_ANCHORS, 2))
             loss = replica_loss(total, global_batch)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))

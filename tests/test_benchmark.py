@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import load_tool
+from helpers import load_tool, make_head
 
 from benchmarks import harness, link, original_input, scaling, train_step
 from yolo3.distributed import devices
@@ -614,7 +614,7 @@ def test_original_targets_match_build_targets():
             centre = 8 * rng.integers(4, 48, 2) + 4
             half = rng.integers(2, 100, 2)
             boxes[image, row] = [*(centre - half), *(centre + half), rng.integers(80)]
-    expected = build_targets(boxes, input_hw=(416, 416), anchors=anchors, num_classes=80)
+    expected = build_targets(boxes, input_hw=(416, 416), head=make_head(anchors, 80))
     original = original_input.preprocess_true_boxes(boxes, (416, 416), anchors, 80)
     assert sum(float(level[..., 4].sum()) for level in original) > 4
     for level, reference in zip(original, expected):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, distribute_per_replica, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, make_head, tiny_model
 
 from yolo3.comm import reducer
 from yolo3.comm.allreduce import (
@@ -263,8 +263,7 @@ def test_checkpoints_keep_the_layout_earlier_releases_wrote(tmp_path, kind, flag
     keras.utils.set_random_seed(0)
     trainer = YoloTrainer(
         tiny_model(),
-        anchors=SMALL_ANCHORS,
-        num_classes=2,
+        head=make_head(SMALL_ANCHORS, 2),
         communication=communication_from(**flags),
     )
     trainer.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), jit_compile=False)

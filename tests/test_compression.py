@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, distribute_per_replica, tiny_model
+from helpers import SMALL_ANCHORS, distribute_per_replica, make_head, tiny_model
 from test_train_distributed import WORKER, _launch, _run, _sgd_args, _weights
 from train_helpers import SIZE, job_inputs, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
@@ -239,8 +239,7 @@ def test_which_kernels_are_compressed_and_the_bytes():
 def _trainer(compress, rank=2):
     trainer = YoloTrainer(
         tiny_model(size=SIZE),
-        anchors=SMALL_ANCHORS,
-        num_classes=2,
+        head=make_head(SMALL_ANCHORS, 2),
         communication=communication_from(compress=compress, rank=rank),
     )
     trainer.compile(optimizer=keras.optimizers.SGD(0.01))

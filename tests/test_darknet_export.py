@@ -13,7 +13,7 @@ import cv2
 import keras
 import numpy as np
 import pytest
-from helpers import SMALL_ANCHORS, float64_copy, load_tool
+from helpers import SMALL_ANCHORS, float64_copy, load_tool, make_head
 
 from yolo3.checkpoint import darknet, darknet_writer
 from yolo3.checkpoint import weights as yolo_weights
@@ -39,6 +39,11 @@ SETTINGS = {
 }
 
 convert_tool = load_tool("convert")
+
+
+def head(kind, num_classes=NUM_CLASSES, **changes):
+    """The :class:`HeadSpec` of the ``kind`` model's test settings, with ``changes``."""
+    return make_head(num_classes=num_classes, **{**SETTINGS[kind], **changes})
 
 
 def random_model(model_type, seed=0):
@@ -99,14 +104,7 @@ def exported(tmp_path_factory):
             model = random_model(model_type)
             directory = tmp_path_factory.mktemp(model_type)
             cfg, weights = str(directory / "out.cfg"), str(directory / "out.weights")
-            darknet_writer.write_darknet(
-                model,
-                cfg,
-                weights,
-                model_type=model_type,
-                num_classes=NUM_CLASSES,
-                **SETTINGS[model_type],
-            )
+            darknet_writer.write_darknet(model, cfg, weights, head(model_type))
             cache[model_type] = (model, cfg, weights)
         return cache[model_type]
 
@@ -144,8 +142,7 @@ def test_convert_reads_back_exactly(exported, model_type):
     variances = [layer.get_weights()[3] for layer in model.layers if layer.name.startswith("bn_")]
     assert all(0.5 <= v.min() and v.max() <= 1.5 for v in variances)
     assert_reads_back(model, cfg, weights, model_type, SETTINGS[model_type])
-    settings = SETTINGS[model_type]
-    assert Path(cfg).read_text() == darknet_writer.cfg_text(model_type, NUM_CLASSES, **settings)
+    assert Path(cfg).read_text() == darknet_writer.cfg_text(head(model_type))
 
 
 # The random weights above subtract each channel's exact mean in batch norm (up to ~5 times its
@@ -193,9 +190,7 @@ def test_grid_sensitivity_is_written_read_back_and_decoded_as_opencv_decodes(exp
     model, _, _ = exported("tiny")
     settings = {**SETTINGS["tiny"], "scale_x_y": (1.05, 1.2)}
     cfg, weights = str(tmp_path / "grid.cfg"), str(tmp_path / "grid.weights")
-    darknet_writer.write_darknet(
-        model, cfg, weights, model_type="tiny", num_classes=NUM_CLASSES, **settings
-    )
+    darknet_writer.write_darknet(model, cfg, weights, head("tiny", scale_x_y=(1.05, 1.2)))
     assert [line for line in Path(cfg).read_text().splitlines() if "scale_x_y" in line] == [
         "scale_x_y=1.05",
         "scale_x_y=1.2",
@@ -212,10 +207,7 @@ def test_grid_sensitivity_is_written_read_back_and_decoded_as_opencv_decodes(exp
     # fractions of the input, then the scores.
     theirs = np.concatenate(net.forward(net.getUnconnectedOutLayersNames()))[:, :4]
     height, width = settings["input_hw"]
-    boxes, _ = decode_heads(
-        model(image), settings["anchors"], settings["anchor_masks"], NUM_CLASSES,
-        (height, width), settings["scale_x_y"],
-    )  # fmt: skip
+    boxes, _ = decode_heads(model(image), head("tiny", scale_x_y=(1.05, 1.2)), (height, width))
     corners = boxes.numpy()[0] / np.array([width, height, width, height], np.float32)
     ours = np.concatenate(
         [(corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]], 1
@@ -223,9 +215,7 @@ def test_grid_sensitivity_is_written_read_back_and_decoded_as_opencv_decodes(exp
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
     # The same boxes without the scale are elsewhere: the comparison sees it.
-    plain, _ = decode_heads(
-        model(image), settings["anchors"], settings["anchor_masks"], NUM_CLASSES, (height, width)
-    )
+    plain, _ = decode_heads(model(image), head("tiny"), (height, width))
     assert np.abs(plain.numpy()[0] - boxes.numpy()[0]).max() > 0.1
 
 
@@ -237,7 +227,7 @@ def test_grid_sensitivity_is_written_read_back_and_decoded_as_opencv_decodes(exp
     ],
 )
 def test_yolo_decoding_this_library_lacks_is_named_with_its_line(tmp_path, line, message):
-    text = darknet_writer.cfg_text("tiny", NUM_CLASSES, **SETTINGS["tiny"])
+    text = darknet_writer.cfg_text(head("tiny"))
     first = text.index("[yolo]\n") + len("[yolo]\n")
     cfg = tmp_path / "odd.cfg"
     cfg.write_text(text[:first] + line + "\n" + text[first:])
@@ -252,10 +242,7 @@ def test_batch_norm_epsilon_is_folded_into_the_variance(tmp_path):
     model = random_model("tiny", seed=3)
     model.get_layer("bn_4").epsilon = 1e-3
     cfg, weights = str(tmp_path / "eps.cfg"), str(tmp_path / "eps.weights")
-    settings = SETTINGS["tiny"]
-    darknet_writer.write_darknet(
-        model, cfg, weights, model_type="tiny", num_classes=NUM_CLASSES, **settings
-    )
+    darknet_writer.write_darknet(model, cfg, weights, head("tiny"))
     converted, _ = darknet.convert(cfg, weights)
     want = model.get_layer("bn_4").get_weights()[3] + np.float32(1e-3 - 1e-6)
     np.testing.assert_allclose(converted.get_layer("bn_4").get_weights()[3], want, rtol=1e-6)
@@ -268,35 +255,34 @@ def test_mismatched_model_is_named_and_nothing_written(exported, tmp_path):
     model, _, _ = exported("tiny")
     cfg, weights = tmp_path / "bad.cfg", tmp_path / "bad.weights"
 
-    def write(model, **changes):
-        settings = {"model_type": "tiny", "num_classes": NUM_CLASSES, **SETTINGS["tiny"]}
-        darknet_writer.write_darknet(model, str(cfg), str(weights), **{**settings, **changes})
+    def write(model, spec):
+        darknet_writer.write_darknet(model, str(cfg), str(weights), spec)
 
     # 80 classes: 3 x 85 = 255 filters in the heads, our model has 3 x 8 = 24.
     with pytest.raises(ValueError, match=r"conv_9: kernel shape \(1, 1, 512, 24\).*255\)"):
-        write(model, num_classes=80)
+        write(model, head("tiny", num_classes=80))
     with pytest.raises(ValueError, match=r"conv_0: kernel shape \(3, 3, 3, 16\).*32\)"):
-        write(model, model_type="yolov3", **{**SETTINGS["yolov3"], "input_hw": (96, 128)})
+        write(model, head("yolov3", input_hw=(96, 128)))
     one_head = keras.Model(model.input, model.outputs[0], name="stride_32_only")
     with pytest.raises(ValueError, match="model stride_32_only has no layer conv_10"):
-        write(one_head)
+        write(one_head, head("tiny"))
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"input_hw": (100, 128)}, "input height 100 is not a positive multiple of 32"),
+        ({"input_hw": (100, 128)}, r"input size \(100, 128\) is not a positive multiple of 32"),
         ({"anchor_masks": [[3, 4, 5]]}, r"tiny needs 2 heads"),
         ({"anchor_masks": [[3, 4, 6], [0, 1, 2]]}, "index past the 6 anchors"),
-        ({"anchors": -SMALL_ANCHORS}, "positive w,h pairs"),
-        ({"model_type": "darknet53"}, "unknown model type 'darknet53'"),
+        ({"anchors": -SMALL_ANCHORS}, "sizes must be positive"),
+        ({"model_type": "darknet53"}, "model type 'darknet53': use one of"),
+        ({"input_hw": None}, "the Darknet cfg needs an input size"),
     ],
 )
 def test_cfg_text_rejects_bad_settings(changes, message):
-    settings = {"model_type": "tiny", "num_classes": NUM_CLASSES, **SETTINGS["tiny"], **changes}
     with pytest.raises(ValueError, match=message):
-        darknet_writer.cfg_text(**settings)
+        darknet_writer.cfg_text(head("tiny", **changes))
 
 
 def metadata(model_type):

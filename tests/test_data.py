@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, tiny_model
+from helpers import SMALL_ANCHORS, SMALL_MASKS, make_head, numpy_targets, tiny_model
 from record_sets import make_examples, write_record_set
 from tensorflow.python.data.ops import dataset_ops
 
@@ -16,7 +16,8 @@ from yolo3.model.targets import build_targets
 
 SIZE = 64
 GREY, RED = 100, (255, 0, 0)
-PIPELINE = {"anchors": SMALL_ANCHORS, "anchor_masks": SMALL_MASKS, "num_classes": 2}
+HEAD = make_head(SMALL_ANCHORS, 2, anchor_masks=SMALL_MASKS)
+PIPELINE = {"head": HEAD}
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +202,8 @@ def test_fewer_shards_than_pipelines_is_an_error(raw_set):
 
 
 def test_wrong_num_classes_or_missing_manifest(raw_set, tmp_path):
-    with pytest.raises(ValueError, match=r"num_classes is 3 .* has 2 classes"):
-        data.make_dataset(raw_set, batch_size=2, **{**PIPELINE, "num_classes": 3})
+    with pytest.raises(ValueError, match=r"model has 3 classes .* has 2 classes"):
+        data.make_dataset(raw_set, batch_size=2, head=make_head(SMALL_ANCHORS, 3))
     with pytest.raises(FileNotFoundError, match="preprocess"):
         data.make_dataset(str(tmp_path), batch_size=2, **PIPELINE)
 

@@ -23,10 +23,10 @@ from helpers import load_tool
 from test_preprocess import _rectangles_dataset, _write_classes
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
+from yolo3 import faults
 from yolo3.checkpoint.weights import read_metadata, save_weights
 from yolo3.commands import train
 from yolo3.data import records
-from yolo3.engine import faults
 from yolo3.fileio import atomic_write
 from yolo3.model.network import tiny_yolo_body
 

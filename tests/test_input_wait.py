@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, micro_model, random_boxes
+from helpers import SMALL_ANCHORS, make_head, micro_model, random_boxes
 
 from yolo3.callbacks import Throughput
 from yolo3.data.multiscale import ScaleSchedule
@@ -32,7 +32,7 @@ def _fit(dataset, strategy=None, **options):
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         body = micro_model(2, None if options.get("multi_scale") else SIZE)
-        trainer = YoloTrainer(body, anchors=SMALL_ANCHORS, num_classes=2, **options)
+        trainer = YoloTrainer(body, head=make_head(SMALL_ANCHORS, 2), **options)
         trainer.compile(optimizer=keras.optimizers.SGD(0.01))
     trainer.measure_input_wait()
     throughput = Throughput(BATCH * strategy.num_replicas_in_sync * trainer.accumulate)

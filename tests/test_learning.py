@@ -30,6 +30,7 @@ from yolo3.checkpoint.weights import load_weights
 from yolo3.data.annotations import parse_annotations
 from yolo3.evaluation.metrics import evaluate_voc, format_table
 from yolo3.inference.detect import Detector
+from yolo3.model.head import HeadSpec
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors, read_classes
 
@@ -91,9 +92,8 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
     assert not rejects and len(entries) == VAL_IMAGES
     body = tiny_yolo_body(None, 3, len(class_names), input_shape=(INPUT_SIZE, INPUT_SIZE, 3))
     load_weights(body, str(log_dir / "checkpoints" / "last.weights.h5"))
-    detector = Detector.from_model(
-        body, read_anchors(anchors), class_names, score_threshold=0.01, max_detections=100
-    )
+    head = HeadSpec(anchors=read_anchors(anchors), class_names=class_names)
+    detector = Detector.from_model(body, head, score_threshold=0.01, max_detections=100)
     detections = _detect_all(detector, [entry.path for entry in entries])
     truth = [{"boxes": entry.boxes, "classes": entry.classes} for entry in entries]
     result = evaluate_voc(truth, detections, num_classes=len(class_names))

@@ -10,7 +10,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, distribute_per_replica, micro_model, random_boxes, tiny_model
+from helpers import (
+    SMALL_ANCHORS,
+    distribute_per_replica,
+    make_head,
+    micro_model,
+    random_boxes,
+    tiny_model,
+)
 from test_compression import _max_difference, _wait, _worker, assert_trained_alike
 from test_compression import setup as setup  # noqa: F401 (the records fixture)
 from test_train_distributed import _launch, _run, _sgd_args, _weights
@@ -18,8 +25,8 @@ from train_helpers import SIZE, small_record_set, train_args
 from train_worker import SNAPSHOT_ENV
 
 from yolo3.callbacks import LocalSync
-from yolo3.callbacks.local_sync import overlap_advice
 from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
+from yolo3.comm.local_sync import overlap_advice
 from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
 from yolo3.engine import training
@@ -248,8 +255,7 @@ def _fit(
     with strategy.scope():
         trainer = YoloTrainer(
             body(size=SIZE),
-            anchors=SMALL_ANCHORS,
-            num_classes=2,
+            head=make_head(SMALL_ANCHORS, 2),
             communication=communication_from(local_steps=local_steps, **(options or {})),
             **(trainer_options or {}),
         )
@@ -372,7 +378,7 @@ def test_overlapped_local_steps_compile_with_xla_on_one_device():
     def train(**local):
         keras.utils.set_random_seed(0)
         trainer = YoloTrainer(
-            micro_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2,
+            micro_model(size=SIZE), head=make_head(SMALL_ANCHORS, 2),
             communication=communication_from(**local),
         )  # fmt: skip
         trainer.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), jit_compile=True)
@@ -394,7 +400,7 @@ def test_the_outer_momentum_is_saved_with_the_trainer(tmp_path, strategy):
     def make(momentum):
         with strategy.scope():
             trainer = YoloTrainer(
-                tiny_model(size=SIZE), anchors=SMALL_ANCHORS, num_classes=2,
+                tiny_model(size=SIZE), head=make_head(SMALL_ANCHORS, 2),
                 communication=communication_from(
                     local_steps=4, outer_lr=0.7, outer_momentum=momentum
                 ),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, numpy_loss, numpy_targets, random_boxes
+from helpers import SMALL_ANCHORS, make_head, numpy_loss, numpy_targets, random_boxes
 
 from yolo3.model.loss import LossOptions, iou_variant, loss_terms, yolo_loss
 from yolo3.model.targets import build_targets
@@ -14,9 +14,9 @@ LN2 = np.log(2.0)
 
 
 def _loss(boxes, outputs, anchors=SMALL_ANCHORS, ignore_thresh=0.5, size=64):
-    targets = build_targets(boxes, input_hw=(size, size), anchors=anchors, num_classes=NUM_CLASSES)
+    targets = build_targets(boxes, input_hw=(size, size), head=make_head(anchors, NUM_CLASSES))
     total, terms = yolo_loss(
-        targets, outputs, anchors=anchors, num_classes=NUM_CLASSES, ignore_thresh=ignore_thresh
+        targets, outputs, head=make_head(anchors, NUM_CLASSES), ignore_thresh=ignore_thresh
     )
     return targets, total.numpy(), {name: value.numpy()[:, 0] for name, value in terms.items()}
 
@@ -112,10 +112,10 @@ def test_grid_sensitivity_matches_numpy_oracle():
     rng = np.random.default_rng(5)
     boxes = random_boxes(rng, 2, 5, 64, NUM_CLASSES)
     outputs = [rng.normal(0, 1.5, o.shape).astype(np.float32) for o in _zeros(2)]
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     total, terms = yolo_loss(
-        targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, ignore_thresh=0.5,
-        scale_x_y=(1.05, 1.2),
+        targets, outputs, head=make_head(SMALL_ANCHORS, 2, scale_x_y=(1.05, 1.2)),
+        ignore_thresh=0.5,
     )  # fmt: skip
     expected_total, expected_terms = numpy_loss(
         numpy_targets(boxes, (64, 64), SMALL_ANCHORS, NUM_CLASSES, MASKS),
@@ -124,7 +124,7 @@ def test_grid_sensitivity_matches_numpy_oracle():
     np.testing.assert_allclose(total.numpy()[:, 0], expected_total, rtol=1e-5)
     for name, value in terms.items():
         np.testing.assert_allclose(value.numpy()[:, 0], expected_terms[name], rtol=1e-5, atol=1e-5)
-    plain, _ = yolo_loss(targets, outputs, anchors=SMALL_ANCHORS, num_classes=2)
+    plain, _ = yolo_loss(targets, outputs, head=make_head(SMALL_ANCHORS, 2))
     assert np.abs(plain.numpy() - total.numpy()).max() > 1e-3  # the scale is not ignored
 
 
@@ -142,12 +142,12 @@ def test_grid_sensitivity_reaches_the_cell_corner_at_a_finite_logit(iou_loss):
     cell[0, :2] = -np.log(3.0)
     outputs[0][0, 1, 1] = cell.reshape(-1)
     outputs = [tf.constant(o) for o in outputs]
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     with tf.GradientTape() as tape:
         tape.watch(outputs)
         _, terms = yolo_loss(
-            targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, iou_loss=iou_loss,
-            scale_x_y=2.0,
+            targets, outputs, head=make_head(SMALL_ANCHORS, 2, scale_x_y=2.0),
+            iou_loss=iou_loss,
         )  # fmt: skip
         box = terms["xy"] if iou_loss == "mse" else terms["box"]
     gradient = tape.gradient(box, outputs)[0].numpy()[0, 1, 1].reshape(3, -1)[0, :2]
@@ -174,9 +174,9 @@ def test_ignore_mask_spares_good_background_predictions():
 def test_padded_batch_is_finite_with_finite_gradients(batch):
     outputs = [tf.Variable(o) for o in _zeros(batch)]
     boxes = np.zeros((batch, 5, 5), np.float32)
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     with tf.GradientTape() as tape:
-        total, _ = yolo_loss(targets, outputs, anchors=SMALL_ANCHORS, num_classes=2)
+        total, _ = yolo_loss(targets, outputs, head=make_head(SMALL_ANCHORS, 2))
         loss = tf.reduce_mean(total)
     grads = tape.gradient(loss, outputs)
     assert np.isfinite(loss.numpy())
@@ -185,10 +185,10 @@ def test_padded_batch_is_finite_with_finite_gradients(batch):
 
 def test_mismatched_levels_are_an_error():
     targets = build_targets(
-        np.zeros((1, 1, 5), np.float32), input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2
+        np.zeros((1, 1, 5), np.float32), input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2)
     )
     with pytest.raises(ValueError, match="2 output levels expected"):
-        yolo_loss(targets, _zeros(1)[:1], anchors=SMALL_ANCHORS, num_classes=2)
+        yolo_loss(targets, _zeros(1)[:1], head=make_head(SMALL_ANCHORS, 2))
 
 
 def _numpy_iou_variant(pred, true, kind):
@@ -239,9 +239,9 @@ def test_iou_variants_match_hand_values_and_numpy(kind):
 
 
 def _weighted_loss(boxes, outputs, **options):
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     total, terms = yolo_loss(
-        targets, outputs, anchors=SMALL_ANCHORS, num_classes=2, ignore_thresh=0.5, **options
+        targets, outputs, head=make_head(SMALL_ANCHORS, 2), ignore_thresh=0.5, **options
     )
     return total.numpy()[:, 0], {name: value.numpy()[:, 0] for name, value in terms.items()}
 
@@ -282,13 +282,11 @@ def test_normalizers_weigh_their_terms_and_iou_gradients_stay_finite():
     np.testing.assert_allclose(weighted["wh"], 0.07 * plain["wh"], rtol=1e-5)
     np.testing.assert_allclose(weighted["objectness"], 2.0 * plain["objectness"], rtol=1e-5)
     np.testing.assert_allclose(weighted["class"], 0.5 * plain["class"], rtol=1e-5)
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     variables = [tf.constant(o) for o in outputs]
     with tf.GradientTape() as tape:
         tape.watch(variables)
-        total, _ = yolo_loss(
-            targets, variables, anchors=SMALL_ANCHORS, num_classes=2, iou_loss="ciou"
-        )
+        total, _ = yolo_loss(targets, variables, head=make_head(SMALL_ANCHORS, 2), iou_loss="ciou")
         summed = tf.reduce_sum(total)
     for gradient in tape.gradient(summed, variables):
         assert np.all(np.isfinite(gradient.numpy()))

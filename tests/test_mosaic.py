@@ -283,8 +283,7 @@ def test_preprocess_writes_mosaic_records_end_to_end(dataset, tmp_path, capsys):
     # passes; on, every record.
     switch = tf.Variable(False)
     options = dict(
-        batch_size=1, anchors=np.ones((6, 2), np.float32) * 10,
-        num_classes=len(manifest["classes"]), training=False, targets=False, mosaic=switch,
+        batch_size=1, training=False, targets=False, mosaic=switch,
     )  # fmt: skip
     assert sum(1 for _ in pipeline.make_dataset(str(output), "train", **options)) == 6
     switch.assign(True)

@@ -600,7 +600,6 @@ def test_ram_filesystem_paths_work_like_local_ones(rectangles, tmp_path):
 
 def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
     """VOC's difficult objects: kept in the records, left out of training, ignored by mAP."""
-    from helpers import SMALL_ANCHORS
 
     from yolo3.data import pipeline as data
     from yolo3.evaluation import metrics as evaluate
@@ -632,8 +631,7 @@ def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
     assert sorted(sources.values()) == [[False, False]] * 2 + [[False, True]] * 2
 
     # Training reads no difficult box: green boxes only from the odd images.
-    dataset = data.make_dataset(str(out), "val", batch_size=4, anchors=SMALL_ANCHORS,
-                                num_classes=3, training=False, targets=False)  # fmt: skip
+    dataset = data.make_dataset(str(out), "val", batch_size=4, training=False, targets=False)
     _, boxes = next(iter(dataset))
     real = boxes.numpy()[..., 2] > 0
     assert sorted(np.sum(real, axis=1).tolist()) == [1, 1, 2, 2]

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, random_boxes, tiny_model
+from helpers import SMALL_ANCHORS, make_head, random_boxes, tiny_model
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 from yolo3.checkpoint.weights import load_weights
@@ -60,7 +60,7 @@ def _step(model_type, remat, images, boxes, jit_compile=False):
     keras.utils.set_random_seed(0)
     anchors = SMALL_ANCHORS if model_type == "tiny" else YOLOV3_ANCHORS
     body = build_model(model_type, NUM_CLASSES, input_size=SIZE, weight_decay=5e-4)
-    trainer = YoloTrainer(body, anchors=anchors, num_classes=NUM_CLASSES, remat=remat)
+    trainer = YoloTrainer(body, head=make_head(anchors, NUM_CLASSES), remat=remat)
 
     @tf.function(jit_compile=jit_compile)
     def step(images, boxes):

@@ -3,14 +3,11 @@
 import numpy as np
 import pytest
 
-from yolo3.inference.detector_spec import DetectorSpec
 from yolo3.model.resources import (
     default_anchor_masks,
     parse_anchors,
-    parse_scale_x_y,
     read_anchors,
     read_classes,
-    scale_x_y_per_head,
 )
 
 
@@ -79,17 +76,3 @@ def test_darknet_weights_given_to_the_keras_loader(tmp_path):
     path.write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="not a Keras weights file.*yolo3 convert"):
         load_weights(build_model("tiny", 2), str(path))
-
-
-def test_grid_sensitivity_per_head_and_what_records_without_it_mean():
-    assert parse_scale_x_y("1.05") == (1.05,)
-    assert scale_x_y_per_head(parse_scale_x_y("1.05"), 3) == (1.05, 1.05, 1.05)
-    assert scale_x_y_per_head((1.1, 1.2), 2) == (1.1, 1.2)
-    assert scale_x_y_per_head(None, 2) == (1.0, 1.0)  # files from before it: YOLOv3's
-    with pytest.raises(ValueError, match="give one value, or one per head"):
-        scale_x_y_per_head((1.1, 1.2), 3)
-    spec = DetectorSpec("tiny", ("a",), ((1, 2),) * 6, ((3, 4, 5), (0, 1, 2)), (64, 64))
-    record = spec.to_json()
-    assert record["scale_x_y"] == [1.0, 1.0]
-    del record["scale_x_y"]  # an artifact exported before the key existed
-    assert DetectorSpec.from_json(record) == spec

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_targets, random_boxes
+from helpers import SMALL_ANCHORS, SMALL_MASKS, make_head, numpy_targets, random_boxes
 
 from yolo3.model.resources import default_anchor_masks, read_anchors
 from yolo3.model.targets import build_targets
@@ -24,9 +24,7 @@ def test_matches_reference(anchors, masks, input_hw, iou_thresh):
     rng = np.random.default_rng(0)
     boxes = random_boxes(rng, 4, 30, min(input_hw), num_classes=3)
     expected = numpy_targets(boxes, input_hw, anchors, 3, masks, iou_thresh)
-    got = build_targets(
-        boxes, input_hw=input_hw, anchors=anchors, num_classes=3, iou_thresh=iou_thresh
-    )
+    got = build_targets(boxes, input_hw=input_hw, head=make_head(anchors, 3), iou_thresh=iou_thresh)
     if iou_thresh < 1.0:  # the rule assigns more: the reference is not the same as YOLOv3's
         single = numpy_targets(boxes, input_hw, anchors, 3, masks)
         assert sum(t[..., 4].sum() for t in expected) > sum(t[..., 4].sum() for t in single)
@@ -41,10 +39,10 @@ def test_inside_tf_data_matches_eager():
     boxes = random_boxes(rng, 6, 10, 64, num_classes=2)
     dataset = tf.data.Dataset.from_tensor_slices(boxes).batch(3)
     dataset = dataset.map(
-        lambda b: build_targets(b, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+        lambda b: build_targets(b, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     )
     batches = list(dataset)
-    eager = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    eager = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     for level in range(2):
         joined = np.concatenate([batch[level].numpy() for batch in batches])
         np.testing.assert_array_equal(joined, eager[level].numpy())
@@ -54,13 +52,13 @@ def test_no_cap_on_boxes_per_image():
     # 200 small boxes, each in its own stride-8 cell of a 416 input: all must be assigned.
     centres = [(8 * col + 4, 8 * row + 4) for row in range(20) for col in range(10)]
     boxes = np.array([[[x - 3, y - 4, x + 3, y + 4, 0] for x, y in centres]], np.float32)
-    targets = build_targets(boxes, input_hw=(416, 416), anchors=YOLO_ANCHORS, num_classes=1)
+    targets = build_targets(boxes, input_hw=(416, 416), head=make_head(YOLO_ANCHORS, 1))
     assert sum(float(tf.reduce_sum(level[..., 4])) for level in targets) == 200
 
 
 def test_later_box_wins_a_shared_cell_and_anchor():
     boxes = np.array([[[10, 10, 30, 30, 0], [12, 12, 30, 30, 1]]], np.float32)
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     assigned = [level.numpy()[level.numpy()[..., 4] > 0] for level in targets]
     assigned = np.concatenate(assigned)
     assert len(assigned) == 1
@@ -71,7 +69,7 @@ def test_box_fields_and_padding():
     # A 20x16 box centred at (40, 24) in a 64x64 input goes to anchor 2 (16x16): level 1,
     # slot 2, stride 16 cell (row 1, column 2).
     boxes = np.array([[[30, 16, 50, 32, 1], [0, 0, 0, 0, 0]]], np.float32)
-    targets = build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
     assert float(tf.reduce_sum(targets[0])) == 0
     np.testing.assert_allclose(
         targets[1][0, 1, 2, 2].numpy(), [40 / 64, 24 / 64, 20 / 64, 16 / 64, 1, 0, 1]
@@ -81,7 +79,7 @@ def test_box_fields_and_padding():
 
 def test_empty_batch_gives_zero_targets():
     targets = build_targets(
-        np.zeros((2, 4, 5), np.float32), input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2
+        np.zeros((2, 4, 5), np.float32), input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2)
     )
     assert all(float(tf.reduce_sum(tf.abs(level))) == 0 for level in targets)
 
@@ -89,4 +87,4 @@ def test_empty_batch_gives_zero_targets():
 def test_class_id_out_of_range_is_an_error():
     boxes = np.array([[[0, 0, 10, 10, 5]]], np.float32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="class id outside"):
-        build_targets(boxes, input_hw=(64, 64), anchors=SMALL_ANCHORS, num_classes=2)
+        build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))

@@ -19,6 +19,7 @@ from yolo3.commands import train
 from yolo3.engine import training
 from yolo3.evaluation import validate
 from yolo3.evaluation.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
+from yolo3.model.head import HeadSpec
 
 # Class names TensorBoard tags cannot hold as they are; the examples use the first two only.
 CLASSES = ("traffic light", "cat/dog", "never seen")
@@ -77,9 +78,8 @@ def test_map_every_writes_per_class_ap_and_a_gallery_at_the_epoch_step(record_se
     assert result.epochs_done == 2
 
     # An evaluation of the trained weights made apart from the training run.
-    evaluation = validate.evaluate_model(
-        result.trainer.body, records, anchors=SMALL_ANCHORS, class_names=CLASSES, coco=False
-    )
+    head = HeadSpec(anchors=SMALL_ANCHORS, class_names=CLASSES)
+    evaluation = validate.evaluate_model(result.trainer.body, records, head=head, coco=False)
     assert all(math.isfinite(ap) for ap in evaluation.voc.ap[:2])
     assert math.isnan(evaluation.voc.ap[2])  # no ground truth: no AP, and no scalar
 

@@ -115,7 +115,7 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
     ]
     assert metadata["anchor_masks"] == [[3, 4, 5], [0, 1, 2]]  # what Detector will use
     assert metadata["scale_x_y"] == [1.1, 1.2]
-    assert spec_for_weights(checkpoints / "last.weights.h5").scale_x_y == (1.1, 1.2)
+    assert spec_for_weights(checkpoints / "last.weights.h5").head.scale_x_y == (1.1, 1.2)
     # The template file holds the bare body: it loads into a fresh model with no wrapper
     # and predicts exactly what the trained model predicts.
     fresh = _body(str(checkpoints / "last.weights.h5"))

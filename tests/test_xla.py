@@ -10,7 +10,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SMALL_ANCHORS, SMALL_MASKS, numpy_loss, numpy_targets, random_boxes, tiny_model
+from helpers import (
+    SMALL_ANCHORS,
+    SMALL_MASKS,
+    make_head,
+    numpy_loss,
+    numpy_targets,
+    random_boxes,
+    tiny_model,
+)
 from test_combinations import ELSEWHERE
 from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
@@ -48,7 +56,7 @@ def _outputs(rng, batch):
 def _targets(boxes):
     """The loss targets of ``boxes`` from build_targets, and from the NumPy oracle."""
     targets = build_targets(
-        boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+        boxes, input_hw=(SIZE, SIZE), head=make_head(SMALL_ANCHORS, NUM_CLASSES)
     )
     return targets, numpy_targets(boxes, (SIZE, SIZE), SMALL_ANCHORS, NUM_CLASSES, SMALL_MASKS)
 
@@ -59,8 +67,7 @@ def _loss_and_oracle(targets, oracle_targets, outputs, oracle_boxes, **options):
     loss = yolo_loss(
         targets,
         outputs,
-        anchors=SMALL_ANCHORS,
-        num_classes=NUM_CLASSES,
+        head=make_head(SMALL_ANCHORS, NUM_CLASSES),
         ignore_thresh=0.5,
         **options,
     )
@@ -124,10 +131,10 @@ def _loss_and_gradients(jit_compile, model, images, boxes):
         with tf.GradientTape() as tape:
             outputs = model(images, training=True)
             targets = build_targets(
-                boxes, input_hw=(SIZE, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
+                boxes, input_hw=(SIZE, SIZE), head=make_head(SMALL_ANCHORS, NUM_CLASSES)
             )
             total, _ = yolo_loss(
-                targets, outputs, anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES, true_boxes=boxes
+                targets, outputs, head=make_head(SMALL_ANCHORS, NUM_CLASSES), true_boxes=boxes
             )
             loss = tf.reduce_mean(total)
         return total, tape.gradient(loss, model.trainable_variables)
@@ -169,9 +176,7 @@ def test_loss_and_gradients_are_the_same_with_and_without_xla(float64_network, s
 
 def _fit_one_step(jit_compile, images, boxes):
     keras.utils.set_random_seed(0)
-    trainer = YoloTrainer(
-        tiny_model(NUM_CLASSES, SIZE), anchors=SMALL_ANCHORS, num_classes=NUM_CLASSES
-    )
+    trainer = YoloTrainer(tiny_model(NUM_CLASSES, SIZE), head=make_head(SMALL_ANCHORS, NUM_CLASSES))
     trainer.compile(optimizer=keras.optimizers.SGD(0.01), jit_compile=jit_compile)
     trainer.build((None, SIZE, SIZE, 3))
     before = [v.numpy() for v in trainer.trainable_variables]

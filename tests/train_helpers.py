@@ -11,6 +11,7 @@ from record_sets import make_examples, write_record_set
 from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.data.pipeline import make_dataset
 from yolo3.engine.trainer import YoloTrainer
+from yolo3.model.head import HeadSpec
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors
 
@@ -65,21 +66,16 @@ def validation_loss(weights, records, anchors):
     count = int(
         json.loads((Path(records) / "manifest.json").read_text())["splits"]["val"]["records"]
     )
+    # The head the checkpoint records (its grid sensitivity included), with the run's anchors.
+    head = HeadSpec.from_metadata(read_metadata(str(weights)), anchors=anchors)
+    assert head.num_classes == 2
     dataset = make_dataset(
-        str(records), "val", batch_size=count, anchors=anchors, num_classes=2,
-        training=False, targets=False,
-    )  # fmt: skip
+        str(records), "val", batch_size=count, head=head, training=False, targets=False
+    )
     images, boxes = next(iter(dataset))
     assert len(images) == count
-    scale_x_y = (read_metadata(str(weights)) or {}).get("scale_x_y")
     run = json.loads((Path(weights).parents[1] / "config.json").read_text())
-    trainer = YoloTrainer(
-        body,
-        anchors=anchors,
-        num_classes=2,
-        scale_x_y=scale_x_y,
-        ignore_thresh=run["ignore_thresh"],
-    )
+    trainer = YoloTrainer(body, head=head, ignore_thresh=run["ignore_thresh"])
     per_image, _ = trainer.per_image_loss(images, boxes, trainer(images))
     return float(np.mean(per_image)) + float(sum(np.asarray(w) for w in body.losses))
 

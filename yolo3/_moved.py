@@ -25,6 +25,8 @@ MOVED = {
     "yolo3.detector_spec": "yolo3.inference.detector_spec",
     "yolo3.devices": "yolo3.distributed.devices",
     "yolo3.distribute": "yolo3.distributed.strategy",
+    "yolo3.engine.faults": "yolo3.faults",
+    "yolo3.engine.status": "yolo3.status",
     "yolo3.evaluate": "yolo3.evaluation.metrics",
     "yolo3.export": "yolo3.inference.export",
     "yolo3.flops": "yolo3.model.flops",

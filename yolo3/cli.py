@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 
-from yolo3.engine.faults import RunFailed, no_space_path, out_of_space
+from yolo3.faults import RunFailed, no_space_path, out_of_space
 
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
 # folder goes) is their mistake to fix, not a bug to report with a traceback. A full disk,
@@ -315,7 +315,7 @@ def run_main(parser, argv, body, *, check=None, errors=KNOWN_ERRORS, failures=()
             end, as argparse's own errors do, with ``parser.error``.
         errors: exception types that mean bad input or settings: one line, status 2.
         failures: exception types that mean a run that started and failed: one line,
-            status 1. :class:`yolo3.engine.faults.RunFailed` always is one, whatever ``errors``
+            status 1. :class:`yolo3.faults.RunFailed` always is one, whatever ``errors``
             holds.
     """
     try:

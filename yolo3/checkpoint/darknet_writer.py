@@ -13,7 +13,6 @@ import numpy as np
 from yolo3.checkpoint.darknet import Section, describe_cfg
 from yolo3.fileio import atomic_write
 from yolo3.model import network as yolo_model
-from yolo3.model.resources import SCALE_X_Y, scale_x_y_per_head
 
 # The [net] section of Darknet's own yolov3.cfg and yolov3-tiny.cfg, less width and height:
 # batch=1 for inference; the rest only matters to Darknet when it trains (fine-tuning).
@@ -29,10 +28,9 @@ YOLO_OPTIONS = (("jitter", 0.3), ("ignore_thresh", 0.7), ("truth_thresh", 1), ("
 class _CfgBuilder:
     """Collects ``(kind, options)`` sections and knows each one's Darknet layer index."""
 
-    def __init__(self, masks, yolo_options, scale_x_y):
+    def __init__(self, head, yolo_options):
         self.sections = []
-        self.masks = iter(masks)
-        self.scale_x_y = iter(scale_x_y)
+        self.levels = iter(head.levels())
         self.yolo_options = yolo_options
 
     @property
@@ -51,57 +49,29 @@ class _CfgBuilder:
     def head(self, filters):
         """The linear, biased 1x1 convolution of a head and its [yolo] section."""
         self.add("convolutional", size=1, stride=1, pad=1, filters=filters, activation="linear")
-        mask = ",".join(str(index) for index in next(self.masks))
-        scale = next(self.scale_x_y)
+        level = next(self.levels)
+        mask = ",".join(str(index) for index in level.anchor_indices)
         # Written only where it differs from Darknet's default of 1, which keeps the cfg of
         # a YOLOv3-trained model section for section Darknet's own.
-        text = np.format_float_positional(scale, trim="-")
-        grid = {} if scale == SCALE_X_Y else {"scale_x_y": text}
+        text = np.format_float_positional(level.xy_scale, trim="-")
+        grid = {} if level.xy_scale == 1.0 else {"scale_x_y": text}
         self.add("yolo", mask=mask, **self.yolo_options, **grid)
 
 
-def _check_export_settings(model_type, num_classes, input_hw, anchors, anchor_masks):
-    """``(height, width, anchors as float32, masks as lists)``; raises on a bad setting."""
-    if model_type not in yolo_model.MODEL_TYPES:
-        raise ValueError(
-            f"unknown model type {model_type!r}; expected one of {yolo_model.MODEL_TYPES}"
-        )
-    if not isinstance(num_classes, int | np.integer) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
-    height, width = (input_hw, input_hw) if isinstance(input_hw, int) else input_hw
-    for name, size in (("height", height), ("width", width)):
-        if size < 32 or size % 32:
-            raise ValueError(f"input {name} {size} is not a positive multiple of 32")
-    anchors = np.asarray(anchors, np.float32)
-    if anchors.ndim != 2 or anchors.shape[1] != 2 or not len(anchors) or np.any(anchors <= 0):
-        raise ValueError(
-            f"anchors must be (num_anchors, 2) positive w,h pairs in pixels, got {anchors.tolist()}"
-        )
-    masks = [[int(index) for index in mask] for mask in anchor_masks]
-    num_heads = len(yolo_model.head_layer_names(model_type))
-    if len(masks) != num_heads or len({len(mask) for mask in masks}) != 1 or not masks[0]:
-        raise ValueError(
-            f"anchor_masks {masks}: {model_type} needs {num_heads} heads (largest stride first) "
-            "with the same number of anchors each"
-        )
-    if not all(0 <= index < len(anchors) for mask in masks for index in mask):
-        raise ValueError(f"anchor_masks {masks} index past the {len(anchors)} anchors")
-    return int(height), int(width), anchors, masks
-
-
-def _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None):
-    """The ``(kind, options)`` sections of the cfg for our network (see :func:`cfg_text`)."""
-    height, width, anchors, masks = _check_export_settings(
-        model_type, num_classes, input_hw, anchors, anchor_masks
-    )
-    scale_x_y = scale_x_y_per_head(scale_x_y, len(masks), "scale_x_y")
+def _cfg_sections(head):
+    """The ``(kind, options)`` sections of the cfg for ``head``'s network (see
+    :func:`cfg_text`)."""
+    if head.input_hw is None:
+        raise ValueError("the Darknet cfg needs an input size: the head records none")
+    (height, width), anchors = head.input_hw, head.anchor_array
+    num_classes = head.num_classes
     # Shortest text that reads back as the same float32 (what convert stores).
     pairs = (",".join(np.format_float_positional(v, trim="-") for v in pair) for pair in anchors)
     yolo_options = {"anchors": ",  ".join(pairs), "classes": int(num_classes), "num": len(anchors)}
-    cfg = _CfgBuilder(masks, {**yolo_options, **dict(YOLO_OPTIONS)}, scale_x_y)
+    cfg = _CfgBuilder(head, {**yolo_options, **dict(YOLO_OPTIONS)})
     cfg.add("net", width=width, height=height, **dict(NET_OPTIONS))
-    out_filters = len(masks[0]) * (5 + num_classes)
-    if model_type == "tiny":
+    out_filters = head.channels
+    if head.model_type == "tiny":
         for filters in (16, 32, 64, 128, 256):
             stride_16 = cfg.conv(filters, 3)
             cfg.add("maxpool", size=2, stride=2)
@@ -141,12 +111,12 @@ def _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks, scal
     return cfg.sections
 
 
-def _render_cfg(
-    model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None, source="cfg"
-):
+def _render_cfg(head, source="cfg"):
     """``(text, [Section])``: the cfg text and what :func:`parse_cfg` reads from it."""
-    sections = _cfg_sections(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)
-    lines = [f"# {model_type} with {num_classes} classes, written by yolo3.checkpoint.darknet"]
+    sections = _cfg_sections(head)
+    lines = [
+        f"# {head.model_type} with {head.num_classes} classes, written by yolo3.checkpoint.darknet"
+    ]
     parsed = []
     for kind, options in sections:
         lines += ["", f"[{kind}]"]
@@ -155,24 +125,18 @@ def _render_cfg(
     return "\n".join(lines) + "\n", parsed
 
 
-def cfg_text(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y=None):
-    """The Darknet cfg of our ``model_type`` network: section for section Darknet's own
-    ``yolov3.cfg`` / ``yolov3-tiny.cfg``, with these classes, anchors and input size.
+def cfg_text(head):
+    """The Darknet cfg of ``head``'s network (a :class:`yolo3.model.head.HeadSpec`): section
+    for section Darknet's own ``yolov3.cfg`` / ``yolov3-tiny.cfg``, with its classes, anchors
+    and input size (the head's, required) in [net].
 
-    Args:
-        model_type: ``"yolov3"`` or ``"tiny"``.
-        num_classes: object classes.
-        input_hw: ``(height, width)`` of [net] (an int for square), multiples of 32.
-        anchors: ``(num_anchors, 2)`` w, h in input pixels, smallest first (9 or 6 pairs).
-        anchor_masks: anchor indices per head, largest stride first, as this library stores
-            them; Darknet lists its [yolo] sections in that order too, so each becomes the
-            ``mask=`` of the [yolo] at the same position.
-        scale_x_y: grid sensitivity, one number or one per head (None: 1), written as each
-            [yolo]'s ``scale_x_y=`` (AlexeyAB Darknet's and OpenCV's key) where it is not 1.
-
-    :func:`convert` reads the text back to the same anchors (float32), masks, classes and size.
+    Each level's anchor indices (largest stride first, as this library stores them; Darknet
+    lists its [yolo] sections in that order too) become the ``mask=`` of the [yolo] at the
+    same position, and its grid sensitivity that [yolo]'s ``scale_x_y=`` (AlexeyAB Darknet's
+    and OpenCV's key) where it is not 1. :func:`convert` reads the text back to the same
+    head: anchors (float32), masks, grid sensitivity, classes and size.
     """
-    return _render_cfg(model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)[0]
+    return _render_cfg(head)[0]
 
 
 def _named_weights(layer):
@@ -226,13 +190,7 @@ def write_darknet(
     model,
     cfg_path,
     weights_path,
-    *,
-    model_type,
-    num_classes,
-    input_hw,
-    anchors,
-    anchor_masks,
-    scale_x_y=None,
+    head,
 ):
     """Writes ``model`` as a Darknet ``cfg_path`` (:func:`cfg_text`) and ``weights_path``.
 
@@ -242,19 +200,17 @@ def write_darknet(
     Both files are written atomically, and only after every layer has been checked.
 
     Args:
-        model: a ``model_type`` network of :mod:`yolo3.model.network` (layers ``conv_k`` /
-            ``bn_k``).
-        model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y: see
-            :func:`cfg_text`.
+        model: a network of :mod:`yolo3.model.network` (layers ``conv_k`` / ``bn_k``).
+        head: its :class:`yolo3.model.head.HeadSpec`, with the input size the cfg gets
+            (:func:`cfg_text`).
 
     Raises:
         ValueError naming the layer when ``model`` lacks one the cfg needs or its shapes
         differ (another model type, class count or number of anchors per head).
     """
-    settings = (model_type, num_classes, input_hw, anchors, anchor_masks, scale_x_y)
-    text, sections = _render_cfg(*settings, source=str(cfg_path))
+    text, sections = _render_cfg(head, source=str(cfg_path))
     convs = describe_cfg(sections, cfg_path)["convs"]
-    values = [_darknet_values(model, spec, model_type) for spec in convs]
+    values = [_darknet_values(model, spec, head.model_type) for spec in convs]
     with atomic_write(cfg_path) as cfg_temp, atomic_write(weights_path) as weights_temp:
         with open(cfg_temp, "w", encoding="utf-8") as f:
             f.write(text)

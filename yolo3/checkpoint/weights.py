@@ -34,6 +34,7 @@ def write_weights_file(model, path, metadata):
     Not atomic: for the temporary path of :func:`yolo3.fileio.atomic_write`, which deletes
     it when this raises (a full disk).
     """
+    _cache_keras_skipsets()
     try:
         model.save_weights(path)
         with h5py.File(path, "a") as f:
@@ -41,6 +42,34 @@ def write_weights_file(model, path, metadata):
     except OSError:
         _abandon_open_file(path)
         raise
+
+
+# The object types whose attribute skip-sets Keras's saving walk asks for (keras.src.saving.
+# saving_lib.get_attr_skipset; the feature-space types left out: no model here holds one).
+_SKIPSET_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def _cache_keras_skipsets():
+    """Stores Keras's attribute skip-sets under the key Keras looks them up by.
+
+    Keras 3.15's ``get_attr_skipset`` caches each set as ``saving_attr_skipset_<type>`` but
+    looks for ``saving_attr_skiplist_<type>``: every save builds its reference objects again,
+    an ``Optimizer(1.0)`` among them for a model with an optimizer (a backup, the training
+    state). That optimizer's name is new each time (``optimizer_12``), hence the names of its two
+    variables, and TensorFlow's eager kernel cache keeps a kernel for each variable name
+    (about 36 KB) until the process ends: 72 KB a file, 14 MB per 100 epochs of a run that
+    writes a backup and a training state each epoch. Each set is built once per thread and
+    session (Keras keeps them in its thread-local global state, cleared by
+    ``keras.backend.clear_session``); harmless once Keras reads the key it writes.
+    """
+    from keras.src.backend.common import global_state  # noqa: PLC0415
+    from keras.src.saving import saving_lib  # noqa: PLC0415
+
+    build = getattr(saving_lib, "get_attr_skipset", None)
+    for obj_type in _SKIPSET_TYPES if build else ():
+        key = f"saving_attr_skiplist_{obj_type}"
+        if global_state.get_global_attribute(key) is None:
+            global_state.set_global_attribute(key, build(obj_type))
 
 
 def _abandon_open_file(path):
@@ -138,13 +167,14 @@ def stored_anchor_masks(path, model_type):
     return None
 
 
-def stored_scale_x_y(path):
-    """The grid sensitivity (``scale_x_y``, one per head) the weights in ``path`` were
-    trained with, where the file records it (this library's checkpoints, conversions of a
-    cfg); None otherwise."""
+def stored_metadata(path):
+    """The metadata of the weights in ``path`` as a dict: what :func:`save_weights` wrote
+    (this library's checkpoints, conversions of a cfg); ``{}`` for a file that records none,
+    a ``.keras`` archive (it records its own architecture) or a missing file (which fails
+    where it is loaded)."""
     if not path.endswith(".h5") or not os.path.exists(path):
-        return None
-    return (read_metadata(path) or {}).get("scale_x_y")
+        return {}
+    return read_metadata(path) or {}
 
 
 def stored_resampling(path):
@@ -191,18 +221,19 @@ def load_weights(model, path, *, skip_mismatch=False):
     return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
 
 
-def check_model_type(model_type, path):
+def check_model_type(model_type, path, metadata=None):
     """ValueError naming both when ``path`` records weights of the detector type other than
-    ``model_type``.
+    ``model_type``; ``metadata``: the file's, where the caller has read it
+    (:func:`stored_metadata`).
 
     A darknet53 backbone loads into YOLOv3 (its first 52 layers); YOLOv3 and tiny share
     layer names but not their meaning, so a partial load of one into the other is refused.
     """
     from yolo3.model.network import MODEL_TYPES  # noqa: PLC0415
 
-    if path.endswith(".keras") or not os.path.exists(path):
-        return  # a .keras archive records its own architecture; a missing file fails later
-    recorded = (read_metadata(path) or {}).get("model_type")
+    if metadata is None:
+        metadata = stored_metadata(path)
+    recorded = metadata.get("model_type")
     if recorded in MODEL_TYPES and model_type in MODEL_TYPES and recorded != model_type:
         raise ValueError(
             f"weights {path} are for a {recorded} model, not {model_type}: use model type "

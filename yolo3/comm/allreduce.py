@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from yolo3.comm.quantize import LEVELS
 from yolo3.comm.reducer import install_reducer
+from yolo3.distributed.collectives import all_reduce_by_dtype
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 # The values of --allreduce-dtype; the quantized ones (LEVELS) with --local-steps only.
@@ -121,21 +122,6 @@ def all_reduce_gradients(grads, dtype="float32", options=None):
         if scales is not None:
             total = total / tf.cast(scales[index], grad.dtype)
         reduced.append(total)
-    return reduced
-
-
-def all_reduce_by_dtype(context, tensors, options=None):
-    """SUM of each of ``tensors`` over the replicas, one ``all_reduce`` call per dtype."""
-    groups = {}
-    for index, tensor in enumerate(tensors):
-        groups.setdefault(tensor.dtype, []).append(index)
-    reduced = [None] * len(tensors)
-    for indices in groups.values():
-        summed = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [tensors[i] for i in indices], options=options
-        )
-        for index, total in zip(indices, summed):
-            reduced[index] = total
     return reduced
 
 

@@ -18,7 +18,7 @@ outer step. The inner optimizer's state (momentum, Adam's moments) stays each re
 between synchronisations, as in DiLoCo.
 
 The synchronisation is a compiled function of its own, called between train steps by
-:class:`yolo3.callbacks.LocalSync` (a collective cannot sit in a conditional branch of the
+:class:`yolo3.comm.local_sync.LocalSync` (a collective cannot sit in a conditional branch of the
 step). That callback also synchronises at every epoch end and before every backup or
 checkpoint (a *full* synchronisation): every replica then holds the same weights, with
 nothing in flight, and the ``H``-step count restarts. The inner optimizer's state stays
@@ -51,7 +51,7 @@ weights that are not trainable when the state is built (the batch-norm statistic
 rounded variance could fall below zero) travel exactly, in float32, in the scales'
 all-gather. Each rounding's seed (:class:`yolo3.comm.quantize.Seeds`) is made of the run's
 ``--seed``, the replica's id, the optimizer's step count at the synchronisation (which
-:class:`yolo3.callbacks.LocalSync` passes) and the rounding's index among those made at
+:class:`yolo3.comm.local_sync.LocalSync` passes) and the rounding's index among those made at
 that step count. Every save is a full synchronisation, and the next rounding comes at a
 later step count, as the first after a resume does: a run resumed from a save draws the
 numbers that the uninterrupted run did.

@@ -41,8 +41,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_by_dtype, all_reduce_gradients
+from yolo3.comm.allreduce import BYTES_PER_ELEMENT, all_reduce_gradients
 from yolo3.comm.reducer import install_reducer
+from yolo3.distributed.collectives import all_reduce_by_dtype
 
 COMPRESSIONS = ("none", "powersgd")
 FLOAT16_REFUSAL = (

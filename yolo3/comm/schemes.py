@@ -30,6 +30,8 @@ The interface, in the order a run calls it:
 An object holds the state it built for one trainer: make one per trainer.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
 from yolo3.comm.allreduce import (
@@ -46,6 +48,7 @@ from yolo3.comm.local_steps import (
     optimizer_slots,
     sync_bytes,
 )
+from yolo3.comm.local_sync import LocalSync
 from yolo3.comm.powersgd import (
     COMPRESSIONS,
     FLOAT16_REFUSAL,
@@ -177,7 +180,7 @@ class PowerSGD(Communication):
 class LocalSteps(Communication):
     """No all-reduce in the step: each replica applies its own gradient, and every
     ``steps`` optimizer steps the replicas average their weight changes, sent as ``dtype``
-    (:mod:`yolo3.comm.local_steps`), through :class:`yolo3.callbacks.LocalSync`.
+    (:mod:`yolo3.comm.local_steps`), through :class:`yolo3.comm.local_sync.LocalSync`.
 
     Args:
         steps: ``H``, optimizer steps between synchronisations.
@@ -240,7 +243,6 @@ class LocalSteps(Communication):
             self.state.exchange()
 
     def callbacks(self, backup=None, *, epoch_ends=True, log=None):
-        from yolo3.callbacks import LocalSync  # noqa: PLC0415 (yolo3.callbacks imports the trainer)
 
         return [LocalSync(self.state, backup, epoch_ends=epoch_ends, status=self.status, log=log)]
 
@@ -281,7 +283,7 @@ class DenseWarmup(Communication):
     start compression after such a warm-up.
 
     Decided by the optimizer's step counter, so a resumed run switches at the same step.
-    While it lasts, ``status.dense_phase`` is True (:class:`yolo3.callbacks.LocalSync`
+    While it lasts, ``status.dense_phase`` is True (:class:`yolo3.comm.local_sync.LocalSync`
     does not synchronise then). ``state`` is ``then``'s, built at ``compile``.
     """
 
@@ -355,22 +357,63 @@ class DenseWarmup(Communication):
         return f"the whole gradient{gradient} for the first {self.steps} steps, then {then}"
 
 
-def communication_from(
-    allreduce_dtype="float32",
-    compress="none",
-    rank=4,
-    local_steps=None,
-    outer_lr=1.0,
-    outer_momentum=0.0,
-    overlap_sync=None,
-    dense_steps=0,
-    *,
-    overlap_merge=None,
-    sync_bn=None,
-    precision=None,
-    seed=0,
-):
-    """The :class:`Communication` of ``yolo3 train``'s flags of the same names.
+@dataclasses.dataclass(frozen=True)
+class CommunicationFlags:
+    """The values of ``yolo3 train``'s communication flags, as :func:`communication_from`
+    takes them (see there); every scheme's chooser and builder reads them."""
+
+    allreduce_dtype: str = "float32"
+    compress: str = "none"
+    rank: int = 4
+    local_steps: int | None = None
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    overlap_sync: object = None
+    dense_steps: int = 0
+    overlap_merge: str | None = None
+    sync_bn: bool | None = None
+    precision: str | None = None
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemeEntry:
+    """One communication scheme of :data:`SCHEMES`: ``chooses(flags)`` says whether the
+    flags ask for it, ``build(flags)`` makes it."""
+
+    name: str
+    chooses: object
+    build: object
+
+
+# The schemes a run can choose, first match wins; a new scheme is a module with its
+# Communication and one entry here (its flag a field of CommunicationFlags and TrainConfig).
+SCHEMES = (
+    SchemeEntry(
+        "local-steps",
+        lambda flags: flags.local_steps is not None,
+        lambda flags: LocalSteps(
+            flags.local_steps,
+            flags.outer_lr,
+            flags.outer_momentum,
+            flags.overlap_sync,
+            flags.allreduce_dtype,
+            merge=flags.overlap_merge or DEFAULT_MERGE,
+            seed=flags.seed,
+        ),
+    ),
+    SchemeEntry(
+        "powersgd",
+        lambda flags: flags.compress == "powersgd",
+        lambda flags: PowerSGD(flags.rank, flags.allreduce_dtype),
+    ),
+    SchemeEntry("allreduce", lambda flags: True, lambda flags: AllReduce(flags.allreduce_dtype)),
+)
+
+
+def communication_from(**flags):
+    """The :class:`Communication` of ``yolo3 train``'s flags of the same names (keywords of
+    :class:`CommunicationFlags`; the others at their defaults).
 
     Args:
         allreduce_dtype: ``--allreduce-dtype``: float32, bfloat16 or float16; int8 or int4
@@ -388,16 +431,29 @@ def communication_from(
             known yet.
         seed: ``--seed``, which the stochastic rounding of int8 and int4 draws from.
 
+    The scheme is the first of :data:`SCHEMES` that the flags choose, wrapped in
+    :class:`DenseWarmup` with ``dense_steps``.
+
     Raises:
         ValueError: naming the flags, when a value is unusable or two do not go together.
     """
-    check_allreduce_dtype(allreduce_dtype, local_steps=local_steps is not None)
-    _check_compression(compress, rank)
-    _check_local_steps(local_steps, outer_lr, outer_momentum, overlap_sync)
-    if overlap_merge is not None:
-        if overlap_merge not in MERGES:
-            raise ValueError(f"--overlap-merge {overlap_merge!r}: use one of {MERGES}")
-        if overlap_sync is None or overlap_sync is False:
+    flags = CommunicationFlags(**flags)
+    check_flags(flags)
+    scheme = next(entry for entry in SCHEMES if entry.chooses(flags)).build(flags)
+    return DenseWarmup(flags.dense_steps, scheme) if flags.dense_steps else scheme
+
+
+def check_flags(flags):
+    """Refuses, naming the flags, a value of :class:`CommunicationFlags` that is unusable
+    or two that do not go together."""
+    local_steps, compress = flags.local_steps, flags.compress
+    check_allreduce_dtype(flags.allreduce_dtype, local_steps=local_steps is not None)
+    _check_compression(compress, flags.rank)
+    _check_local_steps(local_steps, flags.outer_lr, flags.outer_momentum, flags.overlap_sync)
+    if flags.overlap_merge is not None:
+        if flags.overlap_merge not in MERGES:
+            raise ValueError(f"--overlap-merge {flags.overlap_merge!r}: use one of {MERGES}")
+        if flags.overlap_sync is None or flags.overlap_sync is False:
             raise ValueError(
                 "--overlap-merge says where replicas go on from while --overlap-sync sends "
                 "their changes: pass --local-steps H --overlap-sync T too"
@@ -407,13 +463,14 @@ def communication_from(
             "--local-steps and --compress powersgd are two answers to one problem: the "
             "synchronisation of --local-steps sends whole weights; pick one"
         )
-    if local_steps is not None and sync_bn:
+    if local_steps is not None and flags.sync_bn:
         raise ValueError(
             "--sync-bn on all-reduces in every step, which --local-steps exists to avoid: "
             "use --sync-bn off (each synchronisation averages the batch-norm statistics)"
         )
-    if compress == "powersgd" and precision in FLOAT16_PRECISIONS:
+    if compress == "powersgd" and flags.precision in FLOAT16_PRECISIONS:
         raise ValueError(FLOAT16_REFUSAL)
+    dense_steps = flags.dense_steps
     if int(dense_steps) != dense_steps or dense_steps < 0:
         raise ValueError(f"--dense-steps {dense_steps}: use a whole number of optimizer steps >= 0")
     if dense_steps and compress == "none" and local_steps is None:
@@ -421,22 +478,6 @@ def communication_from(
             "--dense-steps sets how many optimizer steps run uncompressed before "
             "--compress powersgd or --local-steps takes over: pass one of them too"
         )
-    if local_steps is not None:
-        merge = overlap_merge or DEFAULT_MERGE
-        scheme = LocalSteps(
-            local_steps,
-            outer_lr,
-            outer_momentum,
-            overlap_sync,
-            allreduce_dtype,
-            merge=merge,
-            seed=seed,
-        )
-    elif compress == "powersgd":
-        scheme = PowerSGD(rank, allreduce_dtype)
-    else:
-        scheme = AllReduce(allreduce_dtype)
-    return DenseWarmup(dense_steps, scheme) if dense_steps else scheme
 
 
 def _check_compression(compress, rank):

@@ -33,10 +33,10 @@ from yolo3.cli import (
     output_file,
     run_main,
 )
-from yolo3.model.network import MODEL_TYPES, build_model
+from yolo3.model.head import HeadSpec
+from yolo3.model.network import MODEL_TYPES, build_head_model
 from yolo3.model.resources import (
     DARKNET_INPUT_SIZE,
-    default_anchor_masks,
     model_type_for_anchors,
     parse_anchor_masks,
     parse_scale_x_y,
@@ -180,20 +180,22 @@ def _convert(args):
     return 0
 
 
-def _export_settings(args):
-    """The keyword arguments of ``darknet_writer.write_darknet`` for ``args.to_darknet``: each flag
-    given, else the file's metadata, else a default where one is safe; raises naming the flag.
-    """
+def _export_head(args):
+    """The :class:`HeadSpec` that ``args.to_darknet`` is exported with: each flag given, else
+    the file's metadata, else a default where one is safe; raises naming the flag."""
     source = args.to_darknet
     if not Path(source).exists():
         raise FileNotFoundError(f"weights file {source} does not exist")
-    metadata = (yolo_weights.read_metadata(source) if source.endswith(".h5") else None) or {}
+    metadata = yolo_weights.stored_metadata(source)
     model_type = args.model_type or metadata.get("model_type")
     if model_type is not None and model_type not in MODEL_TYPES:
         raise ValueError(f"{source} holds a {model_type} model; Darknet export takes yolov3/tiny")
     num_classes = args.num_classes or metadata.get("num_classes")
     if num_classes is None:
         raise ValueError(f"{source} does not record its number of classes; pass --num-classes")
+    class_names = metadata.get("classes") or ()
+    if len(class_names) != num_classes:  # a Darknet cfg holds no names: number them
+        class_names = [str(index) for index in range(int(num_classes))]
     if args.anchors is not None:
         anchors = read_anchors(args.anchors)
     elif metadata.get("anchors"):
@@ -201,35 +203,32 @@ def _export_settings(args):
     else:
         raise ValueError(f"{source} does not record its anchors; pass --anchors FILE")
     model_type = model_type or model_type_for_anchors(len(anchors))
-    masks = (
-        args.anchor_masks
-        or metadata.get("anchor_masks")
-        or yolo_weights.stored_anchor_masks(source, model_type)  # original keras-yolo3 files
-        or default_anchor_masks(len(anchors))
-    )
     input_size = args.input_size or metadata.get("input_size")
     if not input_size:
         input_size = (DARKNET_INPUT_SIZE, DARKNET_INPUT_SIZE)
         print(f"{source} does not record its input size; the cfg gets 416x416 (--input-size)")
-    return {
-        "model_type": model_type,
-        "num_classes": int(num_classes),
-        "input_hw": tuple(int(size) for size in input_size),
-        "anchors": anchors,
-        "anchor_masks": [list(mask) for mask in masks],
-        "scale_x_y": args.scale_x_y or metadata.get("scale_x_y"),
-    }
+    return HeadSpec.from_metadata(
+        metadata,
+        source=source,
+        anchors=anchors,
+        class_names=class_names,
+        model_type=model_type,
+        # The flag, else the file's, else the original keras-yolo3's for its Keras 2 files.
+        anchor_masks=args.anchor_masks or yolo_weights.stored_anchor_masks(source, model_type),
+        scale_x_y=args.scale_x_y,
+        input_hw=input_size,
+    )
 
 
 def _to_darknet(args):
-    settings = _export_settings(args)
-    masks = settings["anchor_masks"]
-    model = build_model(settings["model_type"], settings["num_classes"], num_anchors=len(masks[0]))
+    head = _export_head(args)
+    model = build_head_model(head, input_size=(None, None))
     yolo_weights.load_weights(model, args.to_darknet)
-    darknet_writer.write_darknet(model, args.config_path, args.weights_path, **settings)
-    height, width = settings["input_hw"]
+    darknet_writer.write_darknet(model, args.config_path, args.weights_path, head)
+    height, width = head.input_hw
+    masks = [list(mask) for mask in head.anchor_masks]
     print(
-        f"wrote {settings['model_type']} ({settings['num_classes']} classes, "
+        f"wrote {head.model_type} ({head.num_classes} classes, "
         f"{model.count_params():,} parameters; masks {masks}; input {height}x{width}) "
         f"to {args.config_path} and {args.weights_path}"
     )

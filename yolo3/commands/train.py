@@ -24,6 +24,7 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
+from yolo3 import faults
 from yolo3.callbacks import PREEMPTED_STATUS
 from yolo3.cli import (
     KNOWN_ERRORS,
@@ -32,7 +33,7 @@ from yolo3.cli import (
     run_main,
 )
 from yolo3.engine import config as run_config
-from yolo3.engine import faults, training
+from yolo3.engine import training
 
 
 def build_parser():

@@ -86,10 +86,10 @@ def pad_boxes(boxes, max_boxes):
     return tf.ensure_shape(boxes, [max_boxes, 5])
 
 
-def _check_record_set(record_set, num_classes):
-    if num_classes != len(record_set.classes):
+def _check_record_set(record_set, head):
+    if head is not None and head.num_classes != len(record_set.classes):
         raise ValueError(
-            f"num_classes is {num_classes} but the record set {record_set} has "
+            f"the model has {head.num_classes} classes but the record set {record_set} has "
             f"{len(record_set.classes)} classes; train with its classes file or preprocess again"
         )
     height, width = record_set.input_hw
@@ -150,9 +150,7 @@ def make_dataset(
     split="train",
     *,
     batch_size,
-    anchors,
-    num_classes,
-    anchor_masks=None,
+    head=None,
     training=True,
     seed=0,
     flip=0.5,
@@ -178,9 +176,9 @@ def make_dataset(
         split: ``"train"`` or ``"val"``.
         batch_size: images per element. With ``input_context`` this is the per-replica
             batch size; computing it from the global one is the caller's business.
-        anchors: (num_anchors, 2) anchor sizes in input pixels.
-        num_classes: must equal the number of classes in the manifest.
-        anchor_masks: anchor indices per level, stride 32 first (default: Darknet's).
+        head: the :class:`yolo3.model.head.HeadSpec` the targets are built for; its class
+            count must equal the manifest's. Needed with ``targets``; without them it only
+            checks the class count.
         training: shuffle files and records (reshuffled every epoch), flip, repeat. When
             False: manifest order, no flip, no repeat.
         seed: seeds both shuffles and the flips; the same seed gives the same batches.
@@ -218,7 +216,9 @@ def make_dataset(
             names no record: :func:`yolo3.data.records.find_undecodable` finds it.
     """
     record_set = records.open_record_set(record_set)
-    _check_record_set(record_set, num_classes)
+    if targets and head is None:
+        raise ValueError("make_dataset: targets need the head they are built for (head=)")
+    _check_record_set(record_set, head)
     image_format = record_set.split_format(split)
     input_hw = record_set.input_hw
     most_boxes = record_set.max_boxes_per_image
@@ -284,13 +284,7 @@ def make_dataset(
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
 
     def to_targets(images, boxes):
-        targets = build_targets(
-            boxes,
-            input_hw=input_hw,
-            anchors=anchors,
-            num_classes=num_classes,
-            anchor_masks=anchor_masks,
-        )
+        targets = build_targets(boxes, head=head, input_hw=input_hw)
         images = tf.cast(images, tf.float32) / 255.0
         return (images, targets, boxes) if with_boxes else (images, targets)
 
@@ -309,9 +303,7 @@ def synthetic_dataset(
     *,
     batch_size,
     input_hw,
-    anchors,
-    num_classes,
-    anchor_masks=None,
+    head,
     boxes_per_image=4,
     seed=0,
 ):
@@ -328,15 +320,9 @@ def synthetic_dataset(
     box_h = rng.uniform(0.05, 0.6, (batch_size, boxes_per_image)) * height
     x_min = rng.uniform(0.0, 1.0, box_w.shape) * (width - box_w)
     y_min = rng.uniform(0.0, 1.0, box_h.shape) * (height - box_h)
-    class_ids = rng.integers(0, num_classes, box_w.shape)
+    class_ids = rng.integers(0, head.num_classes, box_w.shape)
     boxes = np.stack([x_min, y_min, x_min + box_w, y_min + box_h, class_ids], axis=-1)
-    targets = build_targets(
-        boxes.astype(np.float32),
-        input_hw=(height, width),
-        anchors=anchors,
-        num_classes=num_classes,
-        anchor_masks=anchor_masks,
-    )
+    targets = build_targets(boxes.astype(np.float32), head=head, input_hw=(height, width))
     dataset = tf.data.Dataset.from_tensors((tf.constant(images), targets)).repeat()
     return dataset.with_options(autotune.untuned_options())
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from yolo3.comm.allreduce import all_reduce_by_dtype
+from yolo3.distributed.collectives import all_reduce_by_dtype
 
 TRAINING_JOBS = ("chief", "worker")
 

@@ -15,27 +15,26 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from yolo3 import callbacks as yolo_callbacks
-from yolo3.checkpoint.weights import check_model_type, load_weights, stored_scale_x_y
+from yolo3 import faults
+from yolo3.checkpoint.run_files import read_training_state
+from yolo3.checkpoint.weights import check_model_type, load_weights, stored_metadata
 from yolo3.comm.allreduce import communication_options
 from yolo3.data import autotune, multiscale, records
 from yolo3.data import pipeline as yolo_data
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
-from yolo3.engine import faults
 from yolo3.engine.trainer import (
     WarmupSchedule,
     YoloTrainer,
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.model.network import build_model
+from yolo3.model.head import HeadFieldError, HeadSpec
+from yolo3.model.network import build_head_model
 from yolo3.model.resources import (
-    default_anchor_masks,
     model_type_for_anchors,
     parse_scale_x_y,
     read_anchors,
-    scale_x_y_per_head,
     shipped_anchors,
 )
 
@@ -55,11 +54,14 @@ def gpus_in_use(config):
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-    """What a run reads from disk, once, and hands down: its record sets and anchors."""
+    """What a run reads from disk, once, and hands down: its record sets, anchors and the
+    metadata of the weights it starts from."""
 
     record_set: records.RecordSet
     val_source: tuple | None  # (RecordSet, split) to validate on, or None
     anchors: np.ndarray  # (num_anchors, 2) float32, width and height in input pixels
+    # The metadata of --weights ({} without them, or for a file that records none).
+    weights_metadata: dict = dataclasses.field(default_factory=dict)
 
     @property
     def classes(self):
@@ -86,9 +88,7 @@ class RunSetup:
     info: distribute.WorkerInfo
     replicas: int
     global_batch: int  # images per optimizer step: replicas x batch size x micro-batches
-    model_type: str
-    anchor_masks: tuple  # the anchor indices of each output level, largest stride first
-    scale_x_y: tuple  # the grid sensitivity of each output level, largest stride first
+    head: HeadSpec  # the detector's head: classes, anchors per level, grid sensitivity
     precision: str  # the Keras policy name, e.g. "mixed_bfloat16"
     communication: object  # a yolo3.comm.schemes.Communication
     sync_bn: bool
@@ -103,11 +103,12 @@ class RunSetup:
     @property
     def resolved(self):
         """What config.json records beside the flags; a resumed run is checked against it."""
+        head = self.head.to_metadata()
         return {
-            "model": self.model_type,
-            "classes": self.data.classes,
-            "anchors": np.asarray(self.data.anchors).tolist(),
-            "input_size": list(self.data.input_hw),
+            "model": head["model_type"],
+            "classes": head["classes"],
+            "anchors": head["anchors"],
+            "input_size": head["input_size"],
             "num_replicas": self.replicas,
             "num_workers": self.info.num_workers,
             "global_batch_size": self.global_batch,
@@ -117,21 +118,13 @@ class RunSetup:
             "jit_compile": self.jit_compile,
             "multi_scale_sizes": list(self.scales.sizes) if self.scales else None,
             "precision": self.precision,
-            "scale_x_y": list(self.scale_x_y),
+            "scale_x_y": head["scale_x_y"],
         }
 
     @property
     def metadata(self):
         """What every template checkpoint carries: enough to build the model and decode it."""
-        return {
-            "model_type": self.model_type,
-            "num_classes": len(self.data.classes),
-            "classes": self.data.classes,
-            "anchors": np.asarray(self.data.anchors).tolist(),
-            "anchor_masks": [list(mask) for mask in self.anchor_masks],
-            "scale_x_y": list(self.scale_x_y),
-            "input_size": list(self.data.input_hw),
-        }
+        return self.head.to_metadata()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +158,10 @@ def read_data(config):
     """
     record_set = records.open_record_set(config.records)
     data = RunData(
-        record_set, _validation_source(config, record_set), read_anchors(anchors_file(config))
+        record_set,
+        _validation_source(config, record_set),
+        read_anchors(anchors_file(config)),
+        stored_metadata(config.weights) if config.weights else {},
     )
     faults.check_record_sets(data.record_sets, since="it was written")
     return data
@@ -198,14 +194,24 @@ def resolve_setup(config, strategy, info, data):
             f"--model-type {model_type} needs {'9' if model_type == 'yolov3' else '6'} anchors; "
             f"{anchors_file(config)} has {len(anchors)}"
         )
-    if config.weights:
-        check_model_type(model_type, config.weights)  # before any model is built
-    anchor_masks = default_anchor_masks(len(anchors))
-    if config.scale_x_y is not None:
-        scale_x_y = parse_scale_x_y(config.scale_x_y)
-    else:  # fine-tuning: the weights decode as they were trained (1 where they do not say)
-        scale_x_y = stored_scale_x_y(config.weights)
-    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
+    if config.weights:  # before any model is built
+        check_model_type(model_type, config.weights, data.weights_metadata)
+    try:
+        head = HeadSpec(
+            anchors=anchors,
+            class_names=data.classes,
+            model_type=model_type,
+            # Fine-tuning without the flag: the weights decode as they were trained (1 where
+            # they do not say).
+            scale_x_y=parse_scale_x_y(config.scale_x_y)
+            if config.scale_x_y is not None
+            else data.weights_metadata.get("scale_x_y"),
+            input_hw=data.input_hw,
+        )
+    except HeadFieldError as error:
+        if error.field == "scale_x_y" and config.scale_x_y is not None:
+            raise error.named("--scale-x-y") from None
+        raise
     precision = keras.mixed_precision.global_policy().name
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)
@@ -228,9 +234,7 @@ def resolve_setup(config, strategy, info, data):
         info=info,
         replicas=replicas,
         global_batch=global_batch,
-        model_type=model_type,
-        anchor_masks=anchor_masks,
-        scale_x_y=scale_x_y,
+        head=head,
         precision=precision,
         communication=communication,
         sync_bn=sync_bn,
@@ -249,7 +253,7 @@ def _check_fresh_log_dir(config, checkpoint_dir, backup_root):
     if config.resume:
         return
     has_backup = os.path.isdir(backup_root) and any(os.scandir(backup_root))
-    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    state = read_training_state(checkpoint_dir)
     if state is not None and not has_backup:
         raise ValueError(
             f"{config.log_dir} holds a finished or interrupted run (epoch "
@@ -262,10 +266,9 @@ def build_trainer(config, setup, strategy, log):
     ``--weights``, compiled with its schedule and optimizer, every variable built."""
     data = setup.data
     with strategy.scope():
-        body = build_model(
-            setup.model_type,
-            len(data.classes),
-            input_size=None if setup.scales else data.input_hw,  # multi-scale: any size
+        body = build_head_model(
+            setup.head,
+            input_size=(None, None) if setup.scales else None,  # multi-scale: any size
             weight_decay=config.weight_decay,
             synchronized_bn=setup.sync_bn,
         )
@@ -274,10 +277,7 @@ def build_trainer(config, setup, strategy, log):
         _load_initial_weights(body, config, log)
         trainer = YoloTrainer(
             body,
-            anchors=data.anchors,
-            num_classes=len(data.classes),
-            anchor_masks=setup.anchor_masks,
-            scale_x_y=setup.scale_x_y,
+            head=setup.head,
             ignore_thresh=config.ignore_thresh,
             iou_thresh=config.iou_thresh,
             loss_options=config.loss_options(),
@@ -319,7 +319,7 @@ def _describe(config, setup, body):
     sizes = f"{scales.sizes[0]}-{scales.sizes[-1]} ({len(scales.sizes)} sizes)" if scales else "off"
     info = setup.info
     return (
-        f"{setup.model_type} {height}x{width}, {len(setup.data.classes)} classes; "
+        f"{setup.head.model_type} {height}x{width}, {len(setup.data.classes)} classes; "
         f"{setup.replicas} replicas x {config.batch_size}{accumulate} = global "
         f"batch {setup.global_batch}; all-reduce {setup.communication.describe(body)}; "
         f"{setup.steps} steps/epoch; peak lr {setup.peak_lr:.3g} ({config.optimizer}); "
@@ -345,7 +345,7 @@ def _load_initial_weights(body, config, log):
 def restore_state(trainer, checkpoint_dir, log):
     """``--resume``: loads the full training state saved in ``checkpoint_dir`` into
     ``trainer``; returns the number of epochs it had done."""
-    state = yolo_callbacks.read_training_state(checkpoint_dir)
+    state = read_training_state(checkpoint_dir)
     if state is None:
         raise FileNotFoundError(
             f"--resume: no training state in {checkpoint_dir}; start without --resume"
@@ -362,12 +362,7 @@ def build_datasets(config, setup, strategy, log):
     """The run's :class:`Datasets`, each replica reading its own share (synthetic batches
     with ``--benchmark``)."""
     data = setup.data
-    options = dict(
-        batch_size=config.batch_size,
-        anchors=data.anchors,
-        num_classes=len(data.classes),
-        anchor_masks=setup.anchor_masks,
-    )
+    options = dict(batch_size=config.batch_size, head=setup.head)
 
     mosaic = _mosaic_switch(config, data, log)
 
@@ -376,7 +371,7 @@ def build_datasets(config, setup, strategy, log):
             return yolo_data.synthetic_dataset(
                 input_hw=data.input_hw, seed=config.seed + context.input_pipeline_id, **options
             )
-        return train_records(config, data, setup.anchor_masks, context, mosaic=mosaic)
+        return train_records(config, data, context, mosaic=mosaic)
 
     autotune.untune_device_datasets()
     train = strategy.distribute_datasets_from_function(train_fn)
@@ -420,16 +415,14 @@ def _mosaic_switch(config, data, log):
         return tf.Variable(True, trainable=False, name="mosaic")
 
 
-def train_records(config, data, anchor_masks=None, context=None, mosaic=None):
-    """The training split as the trainer reads it: uint8 images and padded boxes;
-    ``mosaic``: see :func:`yolo3.data.pipeline.make_dataset`."""
+def train_records(config, data, context=None, mosaic=None):
+    """The training split as the trainer reads it: uint8 images and padded boxes (the
+    targets are built in the train step); ``mosaic``: see
+    :func:`yolo3.data.pipeline.make_dataset`."""
     return yolo_data.make_dataset(
         data.record_set,
         "train",
         batch_size=config.batch_size,
-        anchors=data.anchors,
-        num_classes=len(data.classes),
-        anchor_masks=anchor_masks,
         training=True,
         seed=config.seed,
         flip=config.flip,

@@ -23,7 +23,7 @@ from yolo3.cli import (
 from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.local_steps import DEFAULT_MERGE, MERGES
 from yolo3.comm.powersgd import COMPRESSIONS
-from yolo3.comm.schemes import communication_from
+from yolo3.comm.schemes import CommunicationFlags, communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
 from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
@@ -523,20 +523,9 @@ class TrainConfig:
         """The run's :class:`yolo3.comm.schemes.Communication`, from the communication
         flags (:func:`yolo3.comm.schemes.communication_from`, which refuses what does not
         go together); ``precision``: the mixed precision in force, if known."""
-        return communication_from(
-            self.allreduce_dtype,
-            self.compress,
-            self.rank,
-            self.local_steps,
-            self.outer_lr,
-            self.outer_momentum,
-            self.overlap_sync,
-            self.dense_steps,
-            overlap_merge=self.overlap_merge,
-            sync_bn=self.sync_bn,
-            precision=precision,
-            seed=self.seed,
-        )
+        names = (field.name for field in dataclasses.fields(CommunicationFlags))
+        flags = {name: getattr(self, name) for name in names if name != "precision"}
+        return communication_from(**flags, precision=precision)
 
 
 def flag_of(field):

@@ -14,7 +14,6 @@ import keras
 from yolo3 import callbacks as yolo_callbacks
 from yolo3.distributed import strategy as distribute
 from yolo3.engine.trainer import frozen_layer_names
-from yolo3.model.head import HeadSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +117,7 @@ def build_callbacks(
     # Before the backup and the checkpoints: an epoch read from changed shards saves nothing.
     ordered.append(yolo_callbacks.RecordSetCheck(setup.data.record_sets))
     if config.freeze_body:
-        names = frozen_layer_names(body, setup.model_type, config.freeze_body)
+        names = frozen_layer_names(body, setup.head.model_type, config.freeze_body)
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
     ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
     map_source, map_evaluation = setup.data.val_source, None
@@ -127,7 +126,7 @@ def build_callbacks(
             body,
             map_source[0],
             split=map_source[1],
-            head=HeadSpec.from_metadata(metadata, source="the run's metadata"),
+            head=setup.head,
             every=config.map_every,
             tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
             log=log,

@@ -17,19 +17,24 @@ import dataclasses
 import math
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from yolo3.comm.schemes import AllReduce
 from yolo3.engine.averaging import WeightAverage
-from yolo3.engine.status import TrainingStatus
 from yolo3.engine.step import StepFunctions, accumulated_step
-from yolo3.model.loss import IGNORE_THRESH, LossOptions, loss_terms, replica_loss, yolo_loss
+from yolo3.model.loss import (
+    IGNORE_THRESH,
+    LossOptions,
+    loss_terms,
+    replica_loss,
+    term_log_key,
+    yolo_loss,
+)
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
-from yolo3.model.resources import default_anchor_masks, scale_x_y_per_head
 from yolo3.model.targets import IOU_THRESH, build_targets
+from yolo3.status import TrainingStatus
 
 # Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
 # YOLOv3 (as the original's first 185 Keras layers), the first five conv+pool stages for
@@ -180,11 +185,8 @@ class YoloTrainer(StepFunctions, keras.Model):
 
     Args:
         body: the bare detection model (``yolo_body`` or ``tiny_yolo_body``).
-        anchors: ``(num_anchors, 2)`` anchor sizes in input pixels.
-        num_classes: number of classes.
-        anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
-        scale_x_y: grid sensitivity, one number or one per level (None: 1, YOLOv3's); see
-            :func:`yolo3.model.loss.cell_offsets`. Detection must decode with the same.
+        head: the :class:`yolo3.model.head.HeadSpec` ``body`` was built for: classes,
+            anchors per level and grid sensitivity (detection must decode with the same).
         ignore_thresh: IoU above which a background prediction is not penalised.
         iou_thresh: a box is also assigned to every anchor whose centred IoU with it is
             above this (AlexeyAB Darknet's ``iou_thresh``; default
@@ -227,10 +229,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         self,
         body,
         *,
-        anchors,
-        num_classes,
-        anchor_masks=None,
-        scale_x_y=None,
+        head,
         ignore_thresh=IGNORE_THRESH,
         iou_thresh=IOU_THRESH,
         loss_options=None,
@@ -259,17 +258,14 @@ class YoloTrainer(StepFunctions, keras.Model):
         self.scale_functions = {}  # size -> its compiled train function
         self.remat = remat
         self._remat_forward = None if remat == "off" else RematForward(body, remat)
-        self.anchors = np.asarray(anchors, np.float32)
-        self.num_classes = int(num_classes)
-        self.anchor_masks = tuple(
-            tuple(m) for m in (anchor_masks or default_anchor_masks(len(self.anchors)))
-        )
-        self.scale_x_y = scale_x_y_per_head(scale_x_y, len(self.anchor_masks), "scale_x_y")
+        self.head = head
         self.ignore_thresh = float(ignore_thresh)
         self.iou_thresh = float(iou_thresh)
         self.loss_options = loss_options or LossOptions()
         self.term_names = loss_terms(self.loss_options.iou_loss)
-        self.term_trackers = [keras.metrics.Mean(name=f"{term}_loss") for term in self.term_names]
+        self.term_trackers = [
+            keras.metrics.Mean(name=term_log_key(term)) for term in self.term_names
+        ]
         # Multiplies the learning rate; lowered by a plateau callback, saved with the model.
         self.lr_scale = self.add_weight(
             shape=(), initializer="ones", trainable=False, name="lr_scale"
@@ -376,22 +372,12 @@ class YoloTrainer(StepFunctions, keras.Model):
             # The batch's own size: a multi-scale body accepts any.
             input_hw = tuple(x.shape[1:3]) if x is not None else self.body.input_shape[1:3]
             boxes = y
-            y = build_targets(
-                boxes,
-                input_hw=input_hw,
-                anchors=self.anchors,
-                num_classes=self.num_classes,
-                anchor_masks=self.anchor_masks,
-                iou_thresh=self.iou_thresh,
-            )
+            y = build_targets(boxes, head=self.head, input_hw=input_hw, iou_thresh=self.iou_thresh)
         total, terms = yolo_loss(
             tuple(y),
             outputs,
-            anchors=self.anchors,
-            num_classes=self.num_classes,
+            head=self.head,
             ignore_thresh=self.ignore_thresh,
-            anchor_masks=self.anchor_masks,
-            scale_x_y=self.scale_x_y,
             true_boxes=boxes,
             **dataclasses.asdict(self.loss_options),
         )

@@ -26,13 +26,13 @@ import keras
 import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
-from yolo3 import fileio
+from yolo3 import faults, fileio
 from yolo3.checkpoint.weights import read_metadata
 from yolo3.data import pipeline as yolo_data
 from yolo3.data import records
 from yolo3.distributed import devices
 from yolo3.distributed import strategy as distribute
-from yolo3.engine import builders, faults, resume
+from yolo3.engine import builders, resume
 from yolo3.engine.builders import anchors_file, gpus_in_use
 from yolo3.engine.config import TrainConfig
 from yolo3.engine.hooks import build_backup, build_hooks, build_tracking
@@ -85,7 +85,7 @@ def run(config, *, log=print):
 
     Raises:
         RunFailed: the run started and could not go on (a full disk, a damaged record
-            shard, a lost worker: :mod:`yolo3.engine.faults`); the backups written so far
+            shard, a lost worker: :mod:`yolo3.faults`); the backups written so far
             stay for the same command to continue from.
     """
     # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
@@ -174,7 +174,7 @@ def fit(config, setup, trainer, datasets, hooks, first_epoch, skip_steps, verbos
 
     Raises:
         CollectiveError: a collective with the other workers failed (multi-worker only).
-        RunFailed: a record shard is damaged (:func:`yolo3.engine.faults.damaged_record`).
+        RunFailed: a record shard is damaged (:func:`yolo3.faults.damaged_record`).
         XlaCompileError: the train step did not compile with XLA.
     """
 

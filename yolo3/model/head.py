@@ -20,6 +20,8 @@ from yolo3.model.resources import (
 )
 
 MODEL_TYPES = ("yolov3", "tiny")
+# Output levels of each model type, largest stride first.
+NUM_LEVELS = {"yolov3": 3, "tiny": 2}
 
 # The keys of a checkpoint's or artifact's metadata that describe the head.
 METADATA_KEYS = (
@@ -31,6 +33,22 @@ METADATA_KEYS = (
     "scale_x_y",
     "input_size",
 )
+
+
+class HeadFieldError(ValueError):
+    """A field of a head that cannot be: ``field`` (its HeadSpec name), the ``value`` as
+    given and what is wrong with it. :meth:`named` says it with the flag or file key the
+    value came from."""
+
+    LABELS = {"scale_x_y": "grid sensitivity", "input_hw": "input size"}
+
+    def __init__(self, field, value, detail):
+        self.field, self.value, self.detail = field, value, detail
+        super().__init__(f"{self.LABELS.get(field, field)} {value}: {detail}")
+
+    def named(self, source):
+        """The same error as ``ValueError("SOURCE VALUE: DETAIL")``."""
+        return ValueError(f"{source} {self.value}: {self.detail}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +116,11 @@ class HeadSpec:
             raise ValueError("class names: at least one class is needed")
         masks = self.anchor_masks or default_anchor_masks(len(anchors))
         masks = tuple(tuple(int(i) for i in mask) for mask in masks)
+        if len(masks) != NUM_LEVELS[model_type]:
+            raise ValueError(
+                f"anchor masks {masks}: {model_type} needs {NUM_LEVELS[model_type]} heads "
+                "(largest stride first)"
+            )
         if len({len(mask) for mask in masks}) != 1 or not masks[0]:
             raise ValueError(f"anchor masks {masks}: every level needs the same number of anchors")
         if any(not 0 <= i < len(anchors) for mask in masks for i in mask):
@@ -219,15 +242,17 @@ def _per_level(scale_x_y, num_levels):
     if scale_x_y is None:
         return (SCALE_X_Y,) * num_levels
     values = (float(scale_x_y),) if np.isscalar(scale_x_y) else tuple(map(float, scale_x_y))
+    text = ",".join(f"{v:g}" for v in values)
+    if not values or not all(np.isfinite(values)) or min(values) < 1.0:
+        raise HeadFieldError("scale_x_y", text, "every value must be at least 1")
     if len(values) == 1:
         values *= num_levels
     if len(values) != num_levels:
-        raise ValueError(
-            f"grid sensitivity {','.join(f'{v:g}' for v in values)}: give one value, or one "
-            f"per head ({num_levels} here, largest stride first)"
+        raise HeadFieldError(
+            "scale_x_y",
+            text,
+            f"give one value, or one per head ({num_levels} here, largest stride first)",
         )
-    if not all(np.isfinite(values)) or min(values) < 1.0:
-        raise ValueError(f"grid sensitivity {values}: every value must be at least 1")
     return values
 
 

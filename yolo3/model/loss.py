@@ -34,13 +34,14 @@ import math
 import tensorflow as tf
 from keras import ops
 
-from yolo3.model.resources import SCALE_X_Y, default_anchor_masks, scale_x_y_per_head
-
 # Darknet's ignore_thresh in every [yolo] layer of yolov3.cfg and yolov3-tiny.cfg. The
 # original keras-yolo3 used .5 for YOLOv3 (and .7 for tiny); training here follows Darknet,
 # whose published figures are the ones results are compared with.
 IGNORE_THRESH = 0.7
 LOSS_TERMS = ("xy", "wh", "objectness", "class")
+# Every term any box loss returns: the one list the logs, the non-finite check, the history
+# and MLflow read (a new term is added here and returned by yolo_loss; nothing else names it).
+ALL_LOSS_TERMS = ("xy", "wh", "box", "objectness", "class")
 # The box terms of iou_loss: "mse" is YOLOv3's xy and wh terms, the others one box term.
 IOU_LOSSES = ("mse", "iou", "giou", "diou", "ciou")
 # Truth boxes per image for the ignore mask when only targets are given (Darknet's default).
@@ -56,14 +57,15 @@ def _cell_grid(grid_h, grid_w):
     return ops.cast(ops.expand_dims(grid, 2), "float32")
 
 
-def cell_offsets(xy_logits, scale_x_y=SCALE_X_Y):
-    """A box centre's offset in its cell, ``sigmoid(t) * s - (s - 1) / 2``
-    (:data:`yolo3.model.resources.SCALE_X_Y`), from the raw ``t_xy`` logits (any shape,
-    float32) and one head's ``scale_x_y`` (a Python float; 1 is YOLOv3's ``sigmoid(t)``)."""
+def cell_offsets(xy_logits, xy_scale=1.0):
+    """A box centre's offset in its cell, ``sigmoid(t) * s - (s - 1) / 2``, from the raw
+    ``t_xy`` logits (any shape, float32) and one level's grid sensitivity ``s``
+    (:attr:`yolo3.model.head.HeadLevel.xy_scale`, a Python float; 1 is YOLOv3's
+    ``sigmoid(t)``)."""
     offsets = ops.sigmoid(xy_logits)
-    if scale_x_y == 1.0:
+    if xy_scale == 1.0:
         return offsets
-    return offsets * scale_x_y - 0.5 * (scale_x_y - 1.0)
+    return offsets * xy_scale - 0.5 * (xy_scale - 1.0)
 
 
 def _box_corners(xywh):
@@ -119,6 +121,11 @@ class LossOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"--{name.replace('_', '-')} {value}: use a weight above 0")
+
+
+def term_log_key(term):
+    """The key a run logs term ``term`` under: ``"box"`` -> ``"box_loss"``."""
+    return f"{term}_loss"
 
 
 def loss_terms(iou_loss="mse"):
@@ -203,10 +210,8 @@ def yolo_loss(
     y_true,
     y_pred,
     *,
-    anchors,
-    num_classes,
+    head,
     ignore_thresh=IGNORE_THRESH,
-    anchor_masks=None,
     true_boxes=None,
     max_true_boxes=MAX_TRUE_BOXES,
     iou_loss="mse",
@@ -214,7 +219,6 @@ def yolo_loss(
     obj_normalizer=1.0,
     cls_normalizer=1.0,
     label_smoothing=0.0,
-    scale_x_y=None,
 ):
     """Per-image YOLOv3 loss.
 
@@ -225,10 +229,12 @@ def yolo_loss(
             first, each (N, H_l, W_l, anchors_in_level, 5 + num_classes).
         y_pred: raw model outputs, same order, each (N, H_l, W_l, anchors_in_level *
             (5 + num_classes)); any float dtype (cast to float32 here).
-        anchors: (num_anchors, 2) anchor sizes in input pixels.
-        num_classes: number of classes.
+        head: the :class:`yolo3.model.head.HeadSpec` the model was built for: its classes,
+            the anchors of each level (sizes in input pixels) and each level's grid
+            sensitivity (AlexeyAB Darknet's ``scale_x_y``; 1 is YOLOv3's): the predicted
+            centre's offset in its cell is :func:`cell_offsets`. With ``mse`` the xy term's
+            targets move into the sigmoid's range to match, ``(offset + (s - 1) / 2) / s``.
         ignore_thresh: IoU above which a predicted box is not penalised as background.
-        anchor_masks: anchor indices per level (default: Darknet's for 9 or 6 anchors).
         true_boxes: the boxes the targets were built from, (N, max_boxes, >= 4) float32
             x_min, y_min, x_max, y_max in input pixels (padding rows zero), as
             :func:`yolo3.model.targets.build_targets` takes them. The ignore mask compares each
@@ -244,22 +250,16 @@ def yolo_loss(
             objectness and class terms (AlexeyAB Darknet's ``[yolo]`` keys).
         label_smoothing: class targets ``y (1 - eps) + eps / 2`` (AlexeyAB Darknet's
             ``label_smooth_eps``): 1 becomes ``1 - eps / 2``, 0 becomes ``eps / 2``.
-        scale_x_y: grid sensitivity, one number or one per level (AlexeyAB Darknet's
-            ``scale_x_y``; None or 1 is YOLOv3's): the predicted centre's offset in its cell
-            is :func:`cell_offsets`. With ``mse`` the xy term's targets move into the
-            sigmoid's range to match, ``(offset + (s - 1) / 2) / s``.
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
         of :func:`loss_terms` ``(iou_loss)`` to its (N, 1) per-image value, weighted.
     """
     names = loss_terms(iou_loss)
-    anchors = ops.convert_to_tensor(anchors, "float32")
-    anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
-    scale_x_y = scale_x_y_per_head(scale_x_y, len(anchor_masks))
-    if len(y_true) != len(anchor_masks) or len(y_pred) != len(anchor_masks):
+    num_classes = head.num_classes
+    if len(y_true) != head.num_levels or len(y_pred) != head.num_levels:
         raise ValueError(
-            f"{len(anchor_masks)} output levels expected from the anchor masks; got "
+            f"{head.num_levels} output levels expected from the anchor masks; got "
             f"{len(y_true)} targets and {len(y_pred)} predictions"
         )
     y_true = [ops.cast(level, "float32") for level in y_true]
@@ -275,14 +275,16 @@ def yolo_loss(
     true_boxes = ops.stop_gradient(true_boxes)
 
     terms = {name: 0.0 for name in names}
-    for level, mask in enumerate(anchor_masks):
-        target = y_true[level]
-        shape = ops.shape(y_pred[level])
+    for level in head.levels():
+        target = y_true[level.index]
+        shape = ops.shape(y_pred[level.index])
         batch, grid_h, grid_w = shape[0], shape[1], shape[2]
+        per_cell = len(level.anchor_indices)
         raw = ops.reshape(
-            ops.cast(y_pred[level], "float32"), (batch, grid_h, grid_w, len(mask), 5 + num_classes)
+            ops.cast(y_pred[level.index], "float32"),
+            (batch, grid_h, grid_w, per_cell, 5 + num_classes),
         )
-        level_anchors = ops.take(anchors, list(mask), axis=0)
+        level_anchors = ops.convert_to_tensor(level.anchors, "float32")
         grid = _cell_grid(grid_h, grid_w)
         grid_wh = ops.cast(ops.stack([grid_w, grid_h]), "float32")
 
@@ -293,13 +295,13 @@ def yolo_loss(
         true_wh = ops.where(object_mask > 0, ops.log(ops.maximum(wh_ratio, 1e-9)), 0.0)
         box_scale = 2.0 - target[..., 2:3] * target[..., 3:4]
 
-        scale = scale_x_y[level]
+        scale = level.xy_scale
         pred_xy = (cell_offsets(raw[..., 0:2], scale) + grid) / grid_wh
         pred_wh = ops.exp(ops.minimum(raw[..., 2:4], _MAX_LOG_SCALE)) * level_anchors / input_wh
         pred_boxes = ops.reshape(ops.concatenate([pred_xy, pred_wh], axis=-1), (batch, -1, 4))
         best_iou = ops.max(box_iou(ops.stop_gradient(pred_boxes), true_boxes), axis=-1)
         ignore_mask = ops.cast(
-            ops.reshape(best_iou < ignore_thresh, (batch, grid_h, grid_w, len(mask), 1)),
+            ops.reshape(best_iou < ignore_thresh, (batch, grid_h, grid_w, per_cell, 1)),
             "float32",
         )
 

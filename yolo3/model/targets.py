@@ -16,18 +16,11 @@ anchor's level and in the cell of its centre: several predictions learn each box
 
 import tensorflow as tf
 
-from yolo3.model.resources import default_anchor_masks
-
 # The training recipe's iou_thresh (yolo3 train's and YoloTrainer's default): AlexeyAB
 # Darknet's yolov4.cfg value. On the demo's task it raised COCO AP from 0.49 to 0.57, and to
 # 0.64 with the CIoU box term (docs/benchmarks.md, "The training recipe"). build_targets'
 # own default, 1, is YOLOv3's rule.
 IOU_THRESH = 0.213
-
-
-def level_strides(num_levels):
-    """Output strides, largest first: (32, 16, 8) for YOLOv3, (32, 16) for tiny."""
-    return tuple(32 // 2**level for level in range(num_levels))
 
 
 def anchor_ious(box_wh, anchors):
@@ -54,7 +47,7 @@ def best_anchor_indices(box_wh, anchors):
     return tf.argmax(anchor_ious(box_wh, anchors), axis=-1, output_type=tf.int32)
 
 
-def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None, iou_thresh=1.0):
+def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0):
     """Builds the training targets of every output level.
 
     Over 80 lines: the assignment of every box to its anchor and cell as one traced
@@ -63,10 +56,11 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None, i
     Args:
         boxes: (N, max_boxes, 5) float32: x_min, y_min, x_max, y_max in input pixels and a
             class id. Rows with zero width or height are padding and ignored.
-        input_hw: (height, width) of the network input in pixels, multiples of 32.
-        anchors: (num_anchors, 2) anchor widths and heights in input pixels.
-        num_classes: number of classes; class ids must lie in [0, num_classes).
-        anchor_masks: anchor indices per level, largest stride first (default: Darknet's).
+        head: the :class:`yolo3.model.head.HeadSpec` of the model: its anchors (widths and
+            heights in input pixels), the anchors of each level and the classes; class ids
+            must lie in [0, num_classes).
+        input_hw: (height, width) of the network input in pixels, multiples of 32; default:
+            the head's (multi-scale training passes each step's own).
         iou_thresh: a box also goes to every anchor whose centred IoU with it is above this
             (1: its best anchor only, YOLOv3's rule).
 
@@ -76,8 +70,9 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None, i
         box centre x, y and width, height as fractions of the input size, objectness
         (1 where a box is assigned) and a one-hot class vector.
     """
-    anchors = tf.constant(anchors, tf.float32)
-    anchor_masks = anchor_masks or default_anchor_masks(int(anchors.shape[0]))
+    anchors = tf.constant(head.anchor_array)
+    num_classes = head.num_classes
+    input_hw = input_hw or head.input_hw
     height, width = int(input_hw[0]), int(input_hw[1])
     input_size = tf.constant([width, height], tf.float32)
 
@@ -111,7 +106,8 @@ def build_targets(boxes, *, input_hw, anchors, num_classes, anchor_masks=None, i
     later = index[None, :] > index[:, None]
 
     targets = []
-    for mask, stride in zip(anchor_masks, level_strides(len(anchor_masks))):
+    for level in head.levels():
+        mask, stride = level.anchor_indices, level.stride
         grid_h, grid_w = height // stride, width // stride
         column = tf.clip_by_value(
             tf.cast(tf.floor(centre[..., 0] / width * grid_w), tf.int32), 0, grid_w - 1

@@ -6,7 +6,7 @@ import time
 
 import keras
 
-from yolo3.engine.status import TrainingStatus
+from yolo3.status import TrainingStatus
 
 
 class LocalSync(keras.callbacks.Callback):
@@ -23,7 +23,7 @@ class LocalSync(keras.callbacks.Callback):
 
     Args:
         state: the trainer's :class:`yolo3.comm.local_steps.LocalStepsState`.
-        backup: the run's :class:`WorkerBackup` (its saving steps), or None.
+        backup: the run's :class:`yolo3.callbacks.WorkerBackup` (its saving steps), or None.
         epoch_ends: False: no synchronisation at epoch ends, only every H steps (a
             benchmark's epochs are timing windows; a training run's must synchronise).
         status: the trainer's :class:`TrainingStatus`: nothing to synchronise while its
