@@ -19,6 +19,12 @@ the boxes start at the first later token that looks like a box, meaning it conta
 no ``/`` or ``\\``, and does not end in a file extension such as ``.jpg``. Everything from
 there on is read as boxes, so a broken box is reported rather than glued onto the path.
 
+Files come from elsewhere and are read within the bounds of :mod:`yolo3.data.limits`: a line
+over :data:`~yolo3.data.limits.MAX_LINE_BYTES` or with more than
+:data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE` boxes is skipped, and class ids and coordinates
+have upper bounds even where no classes file gives one (``yolo3 kmeans``), each a counted
+reject.
+
 Relative image paths resolve against ``image_root`` when given, else against the directory
 of the annotation file (the original keras-yolo3 used the current directory; the VOC and
 COCO tools in ``tools/`` write paths relative to the annotation file). Image existence is
@@ -39,6 +45,8 @@ import re
 import numpy as np
 
 from yolo3 import fileio
+from yolo3.data import limits
+from yolo3.data.limits import excerpt
 from yolo3.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -105,6 +113,24 @@ def all_boxes_rejected(source, line, image):
     return Reject(source, line, "all_boxes_rejected", message, "line")
 
 
+def line_too_long(source, line, size, limit, scope="line"):
+    """The :class:`Reject` of a line of ``size`` bytes, over ``limit``: skipped unread."""
+    message = f"{source}:{line}: the line is {size} bytes, over the limit of {limit}; it is skipped"
+    return Reject(source, line, "line_too_long", message, scope)
+
+
+def too_many_boxes(source, line, image, count):
+    """The :class:`Reject` of an image with ``count`` boxes, over the bound: it is skipped as
+    a whole, since trained with only some of its objects marked it would teach the model that
+    the others are background. ``count`` may be a string (``"more than 10000"``)."""
+    where = f"{source}:{line}" if line else source
+    message = (
+        f"{where}: {count} boxes on {excerpt(image)}; an image may have at most "
+        f"{limits.MAX_BOXES_PER_IMAGE}, so it is skipped"
+    )
+    return Reject(source, line, "too_many_boxes", message, "line")
+
+
 class _BadBox(ValueError):
     def __init__(self, reason, detail):
         super().__init__(detail)
@@ -124,24 +150,33 @@ def _parse_box(token, num_classes, classes_hint):
             "expected 5: x_min,y_min,x_max,y_max,class_id (and 1 for a difficult object)",
         )
     if len(fields) == 6 and fields[5] not in ("0", "1"):
-        raise _BadBox("bad_difficult_flag", f"has difficult flag {fields[5]!r}; expected 0 or 1")
+        flag = excerpt(repr(fields[5]))
+        raise _BadBox("bad_difficult_flag", f"has difficult flag {flag}; expected 0 or 1")
     coordinates = []
     for field in fields[:4]:
         try:
             value = float(field)
         except ValueError:
-            raise _BadBox("malformed_number", f"has {field!r}, which is not a number") from None
+            text = excerpt(repr(field))
+            raise _BadBox("malformed_number", f"has {text}, which is not a number") from None
         if not math.isfinite(value):
-            raise _BadBox("non_finite", f"has the non-finite coordinate {field!r}")
+            raise _BadBox("non_finite", f"has the non-finite coordinate {excerpt(repr(field))}")
+        if abs(value) > limits.MAX_COORDINATE:
+            raise _BadBox(
+                "coordinates_out_of_range",
+                f"has the coordinate {excerpt(field)}, beyond +-{limits.MAX_COORDINATE:.0f} pixels",
+            )
         coordinates.append(value)
     try:
         class_id = int(fields[4])
     except ValueError:
-        raise _BadBox("bad_class_id", f"has class id {fields[4]!r}; expected an integer") from None
-    if class_id < 0 or (num_classes is not None and class_id >= num_classes):
+        text = excerpt(repr(fields[4]))
+        raise _BadBox("bad_class_id", f"has class id {text}; expected an integer") from None
+    upper = limits.MAX_CLASSES if num_classes is None else num_classes
+    if class_id < 0 or class_id >= upper:
         raise _BadBox(
             "class_out_of_range",
-            f"has class id {class_id}, but {classes_hint}",
+            f"has class id {excerpt(class_id)}, but {classes_hint}",
         )
     x_min, y_min, x_max, y_max = coordinates
     if x_max < x_min or y_max < y_min:
@@ -153,14 +188,46 @@ def _parse_box(token, num_classes, classes_hint):
 
 
 def _split_line(line):
-    """``(image_path, box_tokens)`` of a stripped line; ``image_path`` is None if it is a box."""
-    tokens = list(_TOKEN.finditer(line))
-    if _is_box_token(tokens[0].group()):
-        return None, [t.group() for t in tokens]
-    first_box = next((i for i in range(1, len(tokens)) if _is_box_token(tokens[i].group())), None)
-    if first_box is None:
-        return line, []
-    return line[: tokens[first_box].start()].strip(), [t.group() for t in tokens[first_box:]]
+    """``(image_path, box_tokens, count)`` of a stripped line: ``image_path`` is None when
+    the line starts with a box (and then nothing else is read); ``count`` boxes, whose tokens
+    are left out (an empty list) when there are more than
+    :data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE`, so that a hostile line is never held as a
+    million tokens."""
+    tokens = _TOKEN.finditer(line)
+    if _is_box_token(next(tokens).group()):
+        return None, [], 0  # the line is skipped: its boxes are not needed
+    start = next((t.start() for t in tokens if _is_box_token(t.group())), None)
+    if start is None:
+        return line, [], 0
+    image_path = line[:start].strip()
+    # n tokens take 2n - 1 characters at least: only a longer rest can hold too many.
+    if len(line) - start > 2 * limits.MAX_BOXES_PER_IMAGE:
+        count = sum(1 for _ in _TOKEN.finditer(line, start))
+        if count > limits.MAX_BOXES_PER_IMAGE:
+            return image_path, [], count
+    box_tokens = _TOKEN.findall(line, start)
+    return image_path, box_tokens, len(box_tokens)
+
+
+def _line_reject(path, number, line, image_path, count):
+    """The :class:`Reject` of a line that is skipped before its boxes are read, else None."""
+    where = f"{path}:{number}"
+    if image_path is None:
+        first = excerpt(line.split(maxsplit=1)[0])
+        message = (
+            f"{where}: line starts with the box {first}, not an image path; the line is skipped"
+        )
+        return Reject(path, number, "missing_path", message, "line")
+    size = len(image_path.encode())
+    if size > limits.MAX_PATH_BYTES:
+        message = (
+            f"{where}: the image path {excerpt(image_path)} is {size} bytes, longer than a "
+            f"filesystem opens ({limits.MAX_PATH_BYTES}); the line is skipped"
+        )
+        return Reject(path, number, "path_too_long", message, "line")
+    if count > limits.MAX_BOXES_PER_IMAGE:
+        return too_many_boxes(path, number, image_path, count)
+    return None
 
 
 def resolve_image_path(image_path, annotation_path, image_root=None):
@@ -211,25 +278,27 @@ def parse_annotations(path, *, num_classes, image_root=None):
 
         A rejected box is dropped and the rest of its line kept. A line whose boxes were
         all rejected is dropped as a whole (reason ``"all_boxes_rejected"``): kept as a
-        background image it would teach the model that its objects are background.
+        background image it would teach the model that its objects are background. So is a
+        line over the bounds of :mod:`yolo3.data.limits` (``line_too_long``,
+        ``path_too_long``, ``too_many_boxes``).
+
+    Raises:
+        ValueError naming ``path:line`` when a line is not UTF-8 text.
     """
     path = os.fspath(path)
     if num_classes is not None and num_classes < 1:
         raise ValueError(f"num_classes is {num_classes}; expected a positive count")
-    try:
-        text = fileio.read_bytes(path).decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"annotation file {path} is not UTF-8 text: {err}") from err
     if num_classes is None:
-        classes_hint = "class ids must not be negative"
+        classes_hint = f"class ids lie in 0..{limits.MAX_CLASSES - 1}"
     else:
         classes_hint = f"the classes file has {num_classes} classes (ids 0..{num_classes - 1})"
     entries, rejects, counts = [], [], collections.Counter()
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line does not start another
-    for number, raw in enumerate(lines, start=1):
+    for number, raw, size in limits.read_lines(path, universal=False):
         counts["lines"] += 1
+        if raw is None:
+            rejects.append(line_too_long(path, number, size, limits.MAX_LINE_BYTES))
+            counts["rejected_lines"] += 1
+            continue
         line = raw.strip()
         if not line:
             counts["blank_lines"] += 1
@@ -238,13 +307,10 @@ def parse_annotations(path, *, num_classes, image_root=None):
             counts["comment_lines"] += 1
             continue
         where = f"{path}:{number}"
-        image_path, box_tokens = _split_line(line)
-        if image_path is None:
-            message = (
-                f"{where}: line starts with the box {box_tokens[0]}, not an image path; "
-                "the line is skipped"
-            )
-            rejects.append(Reject(path, number, "missing_path", message, "line"))
+        image_path, box_tokens, count = _split_line(line)
+        reject = _line_reject(path, number, line, image_path, count)
+        if reject is not None:
+            rejects.append(reject)
             counts["rejected_lines"] += 1
             continue
         boxes, classes, difficult, line_rejects = [], [], [], []
@@ -257,7 +323,7 @@ def parse_annotations(path, *, num_classes, image_root=None):
                         path,
                         number,
                         bad.reason,
-                        f"{where}: box {token} {bad}; the box is skipped",
+                        f"{where}: box {excerpt(token)} {bad}; the box is skipped",
                         "box",
                     )
                 )

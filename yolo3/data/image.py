@@ -12,10 +12,16 @@ inside the input, pastes it centred on a gray canvas, and leaves the rest as pad
 :func:`yolo3.inference.postprocess.letterbox_geometry_tf`) and offline preprocessing use it, so
 boxes map back to exactly the pixels that were resized. This module does not import TensorFlow, so
 preprocessing worker processes start quickly.
+
+It is also where the limit on an image's size is set, once for every reader
+(:data:`MAX_IMAGE_PIXELS`): a PNG of a few kilobytes can declare 30000 x 30000 pixels, and
+:func:`open_image` refuses it from its header, naming the file, before anything is decoded.
 """
 
+import contextlib
 import io
 import os
+import struct
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -27,6 +33,16 @@ PAD_VALUE = 128
 # How a letterboxed input is resampled: PIL bicubic, as the original keras-yolo3 and this
 # library's preprocessing do, or Darknet's own resize (see letterbox_darknet).
 RESAMPLING = ("bicubic", "darknet")
+# Pillow's own default, set here so that every process that reads images has it, whatever
+# another library did to it: Pillow warns (DecompressionBombWarning) over this many pixels
+# and refuses an image over twice as many (DecompressionBombError, 179 million pixels: 537 MB
+# as RGB, before the copies that letterboxing and augmentation make of it).
+MAX_IMAGE_PIXELS = 89_478_485
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+# What Pillow raises for a file it cannot decode: an OSError for an unknown format (its
+# UnidentifiedImageError) or corrupt data, SyntaxError for bad PNG chunks, ValueError,
+# struct.error for a short header, and DecompressionBombError, which is none of those.
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, struct.error, Image.DecompressionBombError)
 
 
 def letterbox_geometry(image_hw, input_hw):
@@ -187,6 +203,28 @@ def to_rgb(image):
     return image.convert("RGB")
 
 
+@contextlib.contextmanager
+def open_image(file, name):
+    """``PIL.Image.open(file)``, its errors as one ValueError naming the image.
+
+    Covers what the ``with`` block does too (a ``load()``), so a corrupt or truncated file
+    fails with the same message wherever it is read. The header alone is checked against the
+    pixel limit (:data:`MAX_IMAGE_PIXELS`), so a decompression bomb is refused unread.
+
+    Args:
+        file: a path or a binary file object.
+        name: how errors refer to the image (usually its path).
+    """
+    try:
+        with Image.open(file) as image:
+            yield image
+    except UnidentifiedImageError as err:
+        # Pillow's own text names its buffer (a memory address), not the file.
+        raise ValueError(f"cannot read image {name}: not in an image format Pillow reads") from err
+    except DECODE_ERRORS as err:
+        raise ValueError(f"cannot read image {name}: {err}") from err
+
+
 def decode_rgb(data, name="image"):
     """Decodes encoded image bytes as RGB uint8, upright according to the EXIF orientation.
 
@@ -200,17 +238,10 @@ def decode_rgb(data, name="image"):
     Raises:
         ValueError naming the image when Pillow cannot decode it or it is truncated.
     """
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()  # decode now, so a truncated file fails here and not later
-            image = ImageOps.exif_transpose(image)
-            return np.asarray(to_rgb(image), dtype=np.uint8)
-    except UnidentifiedImageError as err:
-        # Pillow's own text names its BytesIO buffer, not the file.
-        raise ValueError(f"cannot read image {name}: not in an image format Pillow reads") from err
-    except (OSError, ValueError, SyntaxError) as err:
-        # Pillow reports corrupt data as OSError, SyntaxError (bad PNG chunks) or ValueError.
-        raise ValueError(f"cannot read image {name}: {err}") from err
+    with open_image(io.BytesIO(data), name) as image:
+        image.load()  # decode now, so a truncated file fails here and not later
+        image = ImageOps.exif_transpose(image)
+        return np.asarray(to_rgb(image), dtype=np.uint8)
 
 
 def load_rgb(path):

@@ -12,10 +12,9 @@ import concurrent.futures
 import os
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from yolo3 import fileio
-from yolo3.data.image import letterbox_geometry
+from yolo3.data.image import letterbox_geometry, open_image
 
 # EXIF orientations 5-8 rotate by 90 degrees: the upright image has width and height swapped.
 _EXIF_ORIENTATION = 0x0112
@@ -123,19 +122,19 @@ def image_hw(path):
     """``(height, width)`` of the upright image, reading only the header.
 
     EXIF orientations 5-8 swap width and height, as :func:`yolo3.data.image.decode_rgb` does.
-    Raises FileNotFoundError or ValueError naming the file.
+    Raises FileNotFoundError or ValueError naming the file, for a decompression bomb too
+    (:func:`yolo3.data.image.open_image`).
     """
     path = os.fspath(path)
     try:
-        with fileio.open_file(path, "rb") as f, Image.open(f) as image:
-            width, height = image.size
-            orientation = image.getexif().get(_EXIF_ORIENTATION)
+        file = fileio.open_file(path, "rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"image {path} does not exist") from None
-    except UnidentifiedImageError as err:
-        raise ValueError(f"cannot read image {path}: not a format Pillow knows") from err
-    except (OSError, SyntaxError, ValueError) as err:
+    except (OSError, ValueError) as err:  # a folder, no permission, a NUL in the name...
         raise ValueError(f"cannot read image {path}: {err}") from err
+    with file, open_image(file, path) as image:
+        width, height = image.size
+        orientation = image.getexif().get(_EXIF_ORIENTATION)
     return (width, height) if orientation in _TRANSPOSED else (height, width)
 
 

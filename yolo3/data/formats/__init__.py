@@ -13,7 +13,9 @@ voc        a ``VOCdevkit`` or ``VOC<year>`` folder            :mod:`.voc`
 :func:`read_dataset` gives every format the same shape: the class names the dataset names,
 the training and validation splits as :class:`~yolo3.data.annotations.Entry` lists (boxes in
 original image pixels, as an annotation file's), and what was rejected, each naming its file
-and line. What preprocessing does next (the class filter, the record shards, the manifest)
+and line. Every reader keeps to the bounds of :mod:`yolo3.data.limits` (line lengths, boxes
+per image, class ids, coordinates), so a hostile file ends as counted rejects or one error
+line. What preprocessing does next (the class filter, the record shards, the manifest)
 does not depend on the format.
 
 The readers are written here rather than taken from a conversion library (globox,
@@ -117,12 +119,13 @@ def _read_yolo_layout(path, data_format):
     from yolo3.data.formats import darknet, ultralytics, yolo_labels  # noqa: PLC0415
 
     if data_format == "yolo":
-        names, listed, label_folders = ultralytics.read(path)
+        names, listed, label_folders, rejects = ultralytics.read(path)
         label_of, skip = yolo_labels.label_path, []
     else:
-        names, listed, label_folders, skip = darknet.read(path)
+        names, listed, label_folders, skip, rejects = darknet.read(path)
         label_of = darknet.label_path
-    counts, rejects, splits = collections.Counter(), [], {}
+    counts, splits = collections.Counter(), {}
+    counts["rejected_lines"] += len(rejects)  # list files' lines too long to be a path
     claimed = list(skip)
     for split, images in listed.items():
         entries = splits.setdefault(split, [])

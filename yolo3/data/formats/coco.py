@@ -17,21 +17,29 @@ supercategory and has no annotations (Roboflow's first category) is left out. Bo
 ``[x, y, width, height]`` become ``x_min, y_min, x_max, y_max`` in the same fractional
 pixels. Crowd regions (``iscrowd``) are not objects to detect and are left out, counted as
 ``crowd_regions``; an image with no annotations is a background image. Rejected, naming the
-annotation's id: an annotation of an image or category the file does not list
-(``unknown_image``, ``unknown_category``) and a box with no width or height
-(``zero_area_box``).
+annotation's id: an annotation that is not an object (``malformed_annotation``), of an image
+or category the file does not list (``unknown_image``, ``unknown_category``), a ``bbox`` that
+is not four numbers (``malformed_box``), not finite (``non_finite``) or beyond
+:data:`~yolo3.data.limits.MAX_COORDINATE` (``coordinates_out_of_range``), and a box with no
+width or height (``zero_area_box``); an image with more than
+:data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE` boxes is skipped (``too_many_boxes``). A
+category or image entry without its id and name (``file_name``) makes the file unreadable,
+in one line naming the entry.
 """
 
 import collections
 import glob
 import json
+import math
 import os
 import re
 
 import numpy as np
 
 from yolo3 import fileio
-from yolo3.data.annotations import Entry, Reject
+from yolo3.data import limits
+from yolo3.data.annotations import Entry, Reject, too_many_boxes
+from yolo3.data.limits import excerpt
 
 ROBOFLOW_FILE = "_annotations.coco.json"
 
@@ -66,15 +74,40 @@ def find_files(path):
 
 
 def load(path):
-    """The JSON file as a dict, checked for the three lists; ValueError naming the file."""
+    """The JSON file as a dict, checked for the three lists and the fields of its images and
+    categories; ValueError naming the file."""
     try:
         data = json.loads(fileio.read_bytes(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not a JSON file ({err})") from err
+    except (ValueError, RecursionError) as err:
+        # ValueError: bad JSON, bad UTF-8, or a number of thousands of digits;
+        # RecursionError: arrays nested thousands deep.
+        raise ValueError(f"{path}: not a JSON file ({excerpt(err)})") from err
     for key in ("images", "annotations", "categories"):
         if not isinstance(data, dict) or not isinstance(data.get(key), list):
             raise ValueError(f"{path}: no {key!r} list; is this a COCO instances file?")
+    for index, category in enumerate(data["categories"]):
+        if not (
+            isinstance(category, dict)
+            and isinstance(_key(category.get("id")), int)
+            and _key(category.get("name")) is not None
+            and isinstance(category.get("supercategory"), (str, type(None)))
+        ):
+            raise ValueError(
+                f"{path}: categories[{index}] is not an object with an integer id and a name"
+            )
+    for index, image in enumerate(data["images"]):
+        if not (
+            isinstance(image, dict)
+            and _key(image.get("id")) is not None
+            and isinstance(image.get("file_name"), str)
+        ):
+            raise ValueError(f"{path}: images[{index}] is not an object with an id and a file_name")
     return data
+
+
+def _key(value):
+    """``value`` when it can be an id (an int or a str), else None."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
 def categories(datasets):
@@ -84,7 +117,12 @@ def categories(datasets):
     for (path, _), other in zip(datasets[1:], lists[1:]):
         if [(c["id"], c["name"]) for c in other] != [(c["id"], c["name"]) for c in first]:
             raise ValueError(f"{path}: its categories differ from those of {first_path}")
-    used = {a.get("category_id") for _, data in datasets for a in data["annotations"]}
+    used = {
+        _key(a.get("category_id"))
+        for _, data in datasets
+        for a in data["annotations"]
+        if isinstance(a, dict)
+    }
     parents = {c.get("supercategory") for c in first}
     kept = [c for c in first if c["id"] in used or c["name"] not in parents]
     return [c["id"] for c in kept], [str(c["name"]) for c in kept]
@@ -124,31 +162,44 @@ def read_split(path, data, category_ids, image_root, counts):
     folder = image_folder(data, path, image_root)
     images = {image["id"]: image["file_name"] for image in data["images"]}
     objects, rejects = collections.defaultdict(list), []
-    for annotation in data["annotations"]:
-        where = f"{path}: annotation id {annotation.get('id')}"
-        if annotation.get("image_id") not in images:
-            message = f"{where} is of image id {annotation.get('image_id')}, which is not listed"
+    for index, annotation in enumerate(data["annotations"]):
+        if not isinstance(annotation, dict):
+            message = f"{path}: annotations[{index}] is not an object; it is skipped"
+            rejects.append(Reject(path, 0, "malformed_annotation", message, "box"))
+            continue
+        where = f"{path}: annotation id {excerpt(annotation.get('id'))}"
+        image_id, category_id = annotation.get("image_id"), annotation.get("category_id")
+        if _key(image_id) not in images:
+            message = f"{where} is of image id {excerpt(image_id)}, which is not listed"
             rejects.append(Reject(path, 0, "unknown_image", message, "box"))
             continue
-        if annotation.get("category_id") not in known:
-            message = f"{where} has category id {annotation.get('category_id')}, not listed"
+        if _key(category_id) not in known:
+            message = f"{where} has category id {excerpt(category_id)}, not listed"
             rejects.append(Reject(path, 0, "unknown_category", message, "box"))
             continue
         if annotation.get("iscrowd", 0):
             counts["crowd_regions"] += 1
             continue
-        x, y, width, height = (float(v) for v in annotation["bbox"])
+        try:
+            x, y, width, height = _box(annotation.get("bbox"))
+        except _BadBox as bad:
+            message = f"{where} has the bbox {excerpt(annotation.get('bbox'))}: {bad}"
+            rejects.append(Reject(path, 0, bad.reason, f"{message}; the box is skipped", "box"))
+            continue
         if not width > 0 or not height > 0:
             message = f"{where} has a box of zero width or height; the box is skipped"
             rejects.append(Reject(path, 0, "zero_area_box", message, "box"))
             continue
-        objects[annotation["image_id"]].append(
-            ((x, y, x + width, y + height), class_of[annotation["category_id"]])
-        )
+        objects[image_id].append(((x, y, x + width, y + height), class_of[category_id]))
     counts["rejected_boxes"] += len(rejects)
     entries = []
-    for image_id in sorted(images):
+    # Ids in order, numbers before names (COCO's are numbers; some tools write names).
+    for image_id in sorted(images, key=lambda i: (isinstance(i, str), i)):
         found = objects.get(image_id, [])
+        if len(found) > limits.MAX_BOXES_PER_IMAGE:
+            rejects.append(too_many_boxes(path, 0, images[image_id], len(found)))
+            counts["rejected_lines"] += 1
+            continue
         entries.append(
             Entry(
                 path=os.path.normpath(os.path.join(folder, images[image_id])),
@@ -162,6 +213,30 @@ def read_split(path, data, category_ids, image_root, counts):
         counts["boxes"] += len(found)
         counts["background_images"] += not found
     return entries, rejects
+
+
+class _BadBox(ValueError):
+    def __init__(self, reason, detail):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _box(bbox):
+    """``(x, y, width, height)`` floats of a ``bbox``; _BadBox why not."""
+    if not isinstance(bbox, list) or len(bbox) != 4:
+        raise _BadBox("malformed_box", "expected [x, y, width, height]")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bbox):
+        raise _BadBox("malformed_box", "expected four numbers")
+    beyond = f"beyond +-{limits.MAX_COORDINATE:.0f} pixels"
+    try:
+        values = [float(v) for v in bbox]
+    except OverflowError:  # an integer of hundreds of digits
+        raise _BadBox("coordinates_out_of_range", beyond) from None
+    if not all(math.isfinite(v) for v in values):
+        raise _BadBox("non_finite", "a number is not finite")
+    if max(abs(v) for v in values) > limits.MAX_COORDINATE:
+        raise _BadBox("coordinates_out_of_range", beyond)
+    return values
 
 
 def read(path, image_root=None):

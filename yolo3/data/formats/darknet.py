@@ -20,12 +20,17 @@ folder in the path becomes ``labels`` (VOC as Darknet's ``voc_label.py`` writes 
 ``images`` folder does, else the file lies beside the image (``data/obj/a.jpg`` ->
 ``data/obj/a.txt``, the custom-data layout). ``classes``, when given, must equal the number
 of names. ``valid`` becomes the validation split.
+
+The dataset's own folders are the ``.data`` file's, the one above it and each list file's:
+a listed image elsewhere (``../../x.jpg``, ``/x.jpg``) is read with its own label file, and
+its folder is not searched for label files without an image.
 """
 
 import os
 
-from yolo3 import fileio
+from yolo3.data import limits
 from yolo3.data.formats import yolo_labels
+from yolo3.data.limits import excerpt
 
 
 def label_path(image_path):
@@ -39,17 +44,27 @@ def label_path(image_path):
     return yolo_labels.label_path(image_path)
 
 
+def _lines(path, what):
+    """The lines of a file that describes the dataset, each a path at most: one too long
+    is refused in one line naming it."""
+    for number, raw, size in limits.read_lines(path, max_bytes=limits.MAX_PATH_BYTES):
+        if raw is None:
+            raise ValueError(
+                f"{path}:{number}: a line of {size} bytes, longer than any path; is this {what}?"
+            )
+        yield number, raw
+
+
 def read_settings(path):
     """``key = value`` lines of a ``.data`` file as a dict; ``#`` starts a comment."""
     settings = {}
-    text = fileio.read_bytes(path).decode("utf-8-sig")
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in _lines(path, "a Darknet .data file"):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         key, equals, value = line.partition("=")
         if not equals:
-            raise ValueError(f"{path}:{number}: {raw.strip()!r} is not key = value")
+            raise ValueError(f"{path}:{number}: {excerpt(repr(raw.strip()))} is not key = value")
         settings[key.strip()] = value.strip()
     return settings
 
@@ -64,7 +79,8 @@ def _locate(text, bases):
 
 def read(path):
     """The layout of a ``.data`` file: ``(names, {split: [(image, source, line)]},
-    label_folders, skip)``; ``skip`` are the list files themselves (not label files)."""
+    label_folders, skip, rejects)``; ``skip`` are the list files themselves (not label
+    files), ``rejects`` the list files' lines that were skipped."""
     settings = read_settings(path)
     folder = os.path.dirname(os.path.abspath(path))
     bases = [os.getcwd(), folder, os.path.dirname(folder)]
@@ -74,13 +90,10 @@ def read(path):
     names_path = _locate(settings["names"], bases)
     if not os.path.isfile(names_path):
         raise ValueError(
-            f"{path}: names file {settings['names']} not found (looked for {names_path})"
+            f"{path}: names file {excerpt(settings['names'])} not found (looked for "
+            f"{excerpt(names_path)})"
         )
-    names = [
-        line.strip()
-        for line in fileio.read_bytes(names_path).decode("utf-8-sig").splitlines()
-        if line.strip()
-    ]
+    names = [line.strip() for _, line in _lines(names_path, "a names file") if line.strip()]
     if not names:
         raise ValueError(f"{names_path}: no class names; write one per line")
     if len(set(names)) != len(names):
@@ -88,25 +101,27 @@ def read(path):
     declared = settings.get("classes")
     if declared is not None and declared != str(len(names)):
         raise ValueError(
-            f"{path}: classes = {declared} but {names_path} names {len(names)} classes"
+            f"{path}: classes = {excerpt(declared)} but {names_path} names {len(names)} classes"
         )
-    splits, label_folders, skip = {}, [], []
+    splits, label_folders, skip, rejects = {}, [], [], []
     for split, key in (("train", "train"), ("val", "valid")):
         if not settings.get(key):
             continue
         list_path = _locate(settings[key], bases)
         if not os.path.isfile(list_path):
             raise ValueError(
-                f"{path}: {key} list {settings[key]} not found (looked for {list_path})"
+                f"{path}: {key} list {excerpt(settings[key])} not found (looked for "
+                f"{excerpt(list_path)})"
             )
         skip.append(list_path)
-        text = fileio.read_bytes(list_path).decode("utf-8-sig")
-        list_bases = [*bases, os.path.dirname(os.path.abspath(list_path))]
-        listed = []
-        for number, raw in enumerate(text.splitlines(), 1):
-            line = raw.strip()
-            if line and not line.startswith("#"):
-                listed.append((_locate(line, list_bases), list_path, number))
+        list_folder = os.path.dirname(os.path.abspath(list_path))
+        list_bases = [*bases, list_folder]
+        listed, list_rejects = yolo_labels.list_file(
+            list_path, lambda text, bases=list_bases: _locate(text, bases)
+        )
         splits[split] = listed
-        label_folders.extend({os.path.dirname(label_path(image)) for image, _, _ in listed})
-    return names, splits, label_folders, skip
+        rejects.extend(list_rejects)
+        roots = [folder, os.path.dirname(folder), list_folder]
+        images = [image for image, _, _ in listed]
+        label_folders.extend(yolo_labels.label_folders(images, roots, label_path))
+    return names, splits, label_folders, skip, rejects

@@ -11,8 +11,13 @@ Classes: ``--classes`` when given (objects of other classes are rejected,
 one of them; else the names found, sorted. Objects marked difficult are kept with the
 difficult flag (left out of training, neither required nor penalised by VOC mAP), as
 ``yolo3 voc-annotation`` does by default. Box edges are rounded to whole pixels. Rejected,
-naming the image set's file and line: a missing or unreadable XML file (the image), an
-object with no or an empty box (``bad_box``).
+naming the image set's file and line: a missing or unreadable XML file (the image; also one
+over :data:`MAX_XML_BYTES`), an object with no or an empty box (``bad_box``) or one beyond
+:data:`~yolo3.data.limits.MAX_COORDINATE` (``coordinates_out_of_range``), an image with more
+than :data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE` objects (``too_many_boxes``) and a line
+of an image set longer than any path (``line_too_long``). Entity expansion in the XML is
+bounded by expat's own amplification limit (expat 2.4 and later), which refuses a "billion
+laughs" as a parse error.
 """
 
 import collections
@@ -22,13 +27,26 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from yolo3 import fileio
-from yolo3.data.annotations import Entry, Reject, all_boxes_rejected
+from yolo3.data import limits
+from yolo3.data.annotations import (
+    Entry,
+    Reject,
+    all_boxes_rejected,
+    line_too_long,
+    too_many_boxes,
+)
+from yolo3.data.limits import excerpt, read_small_file
 from yolo3.model.resources import model_data_file, read_classes
+
+# A VOC annotation is a kilobyte or two; this holds MAX_BOXES_PER_IMAGE objects of 400 bytes.
+MAX_XML_BYTES = 2**22
 
 
 def _pixel(value):
-    return math.floor(float(value) + 0.5)
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return math.floor(value + 0.5)
 
 
 def read_voc_objects(data, name):
@@ -39,7 +57,7 @@ def read_voc_objects(data, name):
     """
     try:
         root = ET.fromstring(data)
-    except ET.ParseError as err:
+    except (ET.ParseError, LookupError) as err:  # LookupError: an encoding Python lacks
         raise ValueError(f"{name}: not valid XML ({err})") from err
     objects = []
     for obj in root.iter("object"):
@@ -100,15 +118,20 @@ def _read_set(set_path, counts):
     """``[(image_id, line, objects or None, reject or None)]`` of one image set file."""
     folder = os.path.dirname(os.path.dirname(os.path.dirname(set_path)))
     listed = []
-    text = fileio.read_bytes(set_path).decode("utf-8-sig")
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw, size in limits.read_lines(set_path, max_bytes=limits.MAX_PATH_BYTES):
+        if raw is None:
+            reject = line_too_long(set_path, number, size, limits.MAX_PATH_BYTES)
+            listed.append((None, number, None, reject))
+            counts["rejected_lines"] += 1
+            continue
         if not raw.strip():
             continue
         image_id = raw.split()[0]
         xml_path = os.path.join(folder, "Annotations", f"{image_id}.xml")
         where = f"{set_path}:{number}"
         try:
-            objects = read_voc_objects(fileio.read_bytes(xml_path), xml_path)
+            data = read_small_file(xml_path, MAX_XML_BYTES, "VOC annotation file")
+            objects = read_voc_objects(data, xml_path)
         except FileNotFoundError:
             message = f"{where}: {xml_path} does not exist; the image is skipped"
             listed.append(
@@ -116,8 +139,8 @@ def _read_set(set_path, counts):
             )
             counts["rejected_lines"] += 1
             continue
-        except ValueError as err:
-            message = f"{where}: {err}; the image is skipped"
+        except (OSError, ValueError) as err:  # OSError: a folder, no permission...
+            message = f"{where}: {excerpt(err, 400)}; the image is skipped"
             listed.append(
                 (
                     image_id,
@@ -177,16 +200,26 @@ def read(path, classes=None):
 def _entry(folder, image_id, objects, class_ids, set_path, number, counts):
     where = f"{set_path}:{number}"
     xml_path = os.path.join(folder, "Annotations", f"{image_id}.xml")
+    if len(objects) > limits.MAX_BOXES_PER_IMAGE:
+        counts["rejected_lines"] += 1
+        return None, [too_many_boxes(set_path, number, xml_path, len(objects))]
     boxes, classes, difficult, rejects = [], [], [], []
     for class_name, is_difficult, edges in objects:
         if class_name not in class_ids:
             message = (
-                f"{where}: {xml_path} has an object of class {class_name!r}, not in the classes"
+                f"{where}: {xml_path} has an object of class {excerpt(repr(class_name))}, not "
+                "in the classes"
             )
             rejects.append(Reject(set_path, number, "unknown_class", message, "box"))
         elif edges is None or edges[2] <= edges[0] or edges[3] <= edges[1]:
             message = f"{where}: {xml_path} has an object without a box of positive size"
             rejects.append(Reject(set_path, number, "bad_box", message, "box"))
+        elif max(abs(edge) for edge in edges) > limits.MAX_COORDINATE:
+            message = (
+                f"{where}: {xml_path} has an object with a box beyond "
+                f"+-{limits.MAX_COORDINATE:.0f} pixels"
+            )
+            rejects.append(Reject(set_path, number, "coordinates_out_of_range", message, "box"))
         else:
             boxes.append(edges)
             classes.append(class_ids[class_name])

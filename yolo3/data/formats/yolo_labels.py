@@ -18,14 +18,20 @@ What is rejected, each naming ``label_file:line`` (the rest of the file is kept)
 - a coordinate outside [0, 1] (``coordinates_out_of_range``): such a file was written for
   another image size or in pixels, and guessing which would train on wrong boxes. Values
   within 1e-6 of the range are taken as rounding and clipped;
-- a box with no width or height (``zero_area_box``).
+- a box with no width or height (``zero_area_box``);
+- a line over :data:`~yolo3.data.limits.MAX_LINE_BYTES` (``line_too_long``), skipped unread.
 
 As in annotation files, an image whose every box was rejected is skipped as a whole
-(``all_boxes_rejected``) rather than kept as a background image.
+(``all_boxes_rejected``) rather than kept as a background image, and so is one whose label
+file has more than :data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE` lines (``too_many_boxes``;
+the file is read no further).
 
 Where the label file of an image lies is a rule of each layout: :func:`label_path` is
 Ultralytics' and Darknet's ``images`` -> ``labels`` rule, which puts the file beside the
-image when its path has no ``images`` folder.
+image when its path has no ``images`` folder. The label folders are searched for label files
+without an image (:func:`orphan_labels`) only inside the dataset's own folders
+(:func:`label_folders`): an image listed from elsewhere is read with its own label file and
+nothing else of its folder.
 """
 
 import math
@@ -34,8 +40,16 @@ import os
 import numpy as np
 
 from yolo3 import fileio
-from yolo3.data.annotations import Entry, Reject, all_boxes_rejected
+from yolo3.data import limits
+from yolo3.data.annotations import (
+    Entry,
+    Reject,
+    all_boxes_rejected,
+    line_too_long,
+    too_many_boxes,
+)
 from yolo3.data.kmeans import image_hw
+from yolo3.data.limits import excerpt
 
 # The image files a folder of a YOLO dataset is read for (Pillow reads all of them).
 IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp")
@@ -77,17 +91,18 @@ def _parse_label_line(fields, num_classes):
     try:
         values = [float(field) for field in fields]
     except ValueError:
-        bad = next(f for f in fields if not _is_float(f))
-        raise _BadLabel("malformed_number", f"has {bad!r}, which is not a number") from None
+        bad = excerpt(repr(next(f for f in fields if not _is_float(f))))
+        raise _BadLabel("malformed_number", f"has {bad}, which is not a number") from None
     if not all(math.isfinite(v) for v in values):
         raise _BadLabel("non_finite", "has a non-finite number")
     if not values[0].is_integer():
-        raise _BadLabel("bad_class_id", f"has class id {fields[0]!r}; expected a whole number")
+        text = excerpt(repr(fields[0]))
+        raise _BadLabel("bad_class_id", f"has class id {text}; expected a whole number")
     class_id = int(values[0])
     if class_id < 0 or class_id >= num_classes:
         raise _BadLabel(
             "class_out_of_range",
-            f"has class id {class_id}, but the dataset names {num_classes} classes "
+            f"has class id {excerpt(class_id)}, but the dataset names {num_classes} classes "
             f"(ids 0..{num_classes - 1})",
         )
     coordinates = np.asarray(values[1:])
@@ -118,29 +133,38 @@ def _is_float(text):
 
 
 def read_labels(path, num_classes):
-    """The objects of one label file.
+    """The objects of one label file, read line by line within :mod:`yolo3.data.limits`.
 
     Returns:
-        ``(objects, rejects)``: ``[(line, class_id, (cx, cy, w, h)), ...]`` normalised, in
-        file order, and a list of :class:`~yolo3.data.annotations.Reject` (scope ``box``).
+        ``(objects, rejects, crowded)``: ``[(line, class_id, (cx, cy, w, h)), ...]``
+        normalised, in file order; a list of :class:`~yolo3.data.annotations.Reject` (scope
+        ``box``); and whether the file has more than
+        :data:`~yolo3.data.limits.MAX_BOXES_PER_IMAGE` lines of objects, where reading
+        stopped.
+
+    Raises:
+        ValueError naming ``path:line`` when a line is not UTF-8 text.
     """
-    try:
-        text = fileio.read_bytes(path).decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"label file {path} is not UTF-8 text: {err}") from err
-    objects, rejects = [], []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        fields = raw.split()
-        if not fields:
+    path = os.fspath(path)
+    objects, rejects, lines = [], [], 0
+    for number, raw, size in limits.read_lines(path):
+        if raw is not None and not raw.strip():
+            continue
+        lines += 1
+        if lines > limits.MAX_BOXES_PER_IMAGE:
+            return objects, rejects, True
+        if raw is None:
+            rejects.append(line_too_long(path, number, size, limits.MAX_LINE_BYTES, "box"))
             continue
         try:
-            class_id, box = _parse_label_line(fields, num_classes)
+            class_id, box = _parse_label_line(raw.split(), num_classes)
         except _BadLabel as bad:
-            message = f"{path}:{number}: label {raw.strip()!r} {bad}; the box is skipped"
+            label = excerpt(repr(raw.strip()))
+            message = f"{path}:{number}: label {label} {bad}; the box is skipped"
             rejects.append(Reject(path, number, bad.reason, message, "box"))
             continue
         objects.append((number, class_id, box))
-    return objects, rejects
+    return objects, rejects, False
 
 
 def read_image(image_path, labels, num_classes, *, source, line, counts):
@@ -164,8 +188,12 @@ def read_image(image_path, labels, num_classes, *, source, line, counts):
     if not fileio.exists(labels):
         counts["images_without_labels"] += 1
         return _entry(image_path, [], [], source, line, counts), []
-    objects, rejects = read_labels(labels, num_classes)
+    objects, rejects, crowded = read_labels(labels, num_classes)
     counts["rejected_boxes"] += len(rejects)
+    if crowded:
+        counts["rejected_lines"] += 1
+        count = f"more than {limits.MAX_BOXES_PER_IMAGE}"
+        return None, [*rejects, too_many_boxes(labels, 0, image_path, count)]
     if rejects and not objects:
         counts["rejected_lines"] += 1
         return None, [*rejects, all_boxes_rejected(labels, 0, image_path)]
@@ -205,6 +233,31 @@ def _entry(image_path, boxes, classes, source, line, counts):
         source=os.fspath(source),
         line=line,
     )
+
+
+def label_folders(images, roots, label_of=label_path):
+    """The folders of the label files of ``images`` (paths) that lie inside ``roots``, the
+    dataset's own folders: those :func:`orphan_labels` may search."""
+    folders = {os.path.dirname(label_of(image)) for image in images}
+    return sorted(folder for folder in folders if limits.is_inside(folder, roots))
+
+
+def list_file(path, locate):
+    """``(listed, rejects)`` of a list file, one image path a line (``#`` starts a comment).
+
+    ``listed`` is ``[(image, path, line), ...]``, each line resolved by ``locate(text)``; a
+    line longer than any path (:data:`~yolo3.data.limits.MAX_PATH_BYTES`) is a
+    ``line_too_long`` reject.
+    """
+    listed, rejects = [], []
+    for number, raw, size in limits.read_lines(path, max_bytes=limits.MAX_PATH_BYTES):
+        if raw is None:
+            rejects.append(line_too_long(path, number, size, limits.MAX_PATH_BYTES))
+            continue
+        text = raw.strip()
+        if text and not text.startswith("#"):
+            listed.append((locate(text), path, number))
+    return listed, rejects
 
 
 def orphan_labels(label_folders, claimed):
