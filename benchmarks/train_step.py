@@ -159,7 +159,7 @@ def build_step(
     accumulate=1,
     communication=None,
 ):
-    """A compiled trainer, as ``yolo3.engine.training.run`` compiles it, and its input batch.
+    """A compiled trainer, as ``yolo3.training.job.run`` compiles it, and its input batch.
 
     Weights follow ``config.seed``; the batch follows ``data_seed`` (default the same).
     ``jit_compile`` (a bool) overrides ``config.jit_compile``; ``remat``, ``accumulate`` and

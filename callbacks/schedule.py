@@ -15,7 +15,7 @@ class FreezeSchedule(keras.callbacks.Callback):
     The state follows from the epoch number alone, so a run restored from a backup in
     either stage freezes exactly what an uninterrupted run would. The train function is
     rebuilt when the state changes, because Keras fixes the trainable set when tracing.
-    The optimizer must already be built for every variable (see ``yolo3.engine.training``).
+    The optimizer must already be built for every variable (see ``yolo3.training.job``).
     """
 
     def __init__(self, body, names, epochs, log=None):

@@ -29,8 +29,8 @@ from yolo3.comm.powersgd import (
 )
 from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
-from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer
+from yolo3.training import job as training
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 # Kernel shapes (kh, kw, cin, cout), as (m = kh * kw * cin) x (n = cout) matrices tall,

@@ -286,7 +286,7 @@ def test_cfg_text_rejects_bad_settings(changes, message):
 
 
 def metadata(model_type):
-    """What training writes beside the weights (``yolo3.engine.training``)."""
+    """What training writes beside the weights (``yolo3.training.job``)."""
     settings = SETTINGS[model_type]
     return {
         "model_type": model_type,

@@ -9,6 +9,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from yolo3 import fileio
+from yolo3.drawing import class_colors
 from yolo3.evaluation import metrics as evaluate
 from yolo3.evaluation.metrics import (
     evaluate_coco,
@@ -18,7 +19,7 @@ from yolo3.evaluation.metrics import (
     result_to_json,
     voc_ap,
 )
-from yolo3.evaluation.plots import class_colors, draw_gallery, plot_pr_curve
+from yolo3.evaluation.plots import draw_gallery, plot_pr_curve
 
 FAR = [200.0, 200.0, 210.0, 210.0]  # overlaps none of the ground-truth boxes below
 
@@ -459,7 +460,8 @@ def test_gallery_draws_a_truth_visibly_on_its_own_colour():
 
 
 def test_gallery_legend_is_a_band_below_the_tiles():
-    from yolo3.evaluation.plots import gallery_image, legend_band
+    from yolo3.drawing import legend_band
+    from yolo3.evaluation.plots import gallery_image
 
     with_legend = _marked_gallery()
     without = _marked_gallery(legend=False)

@@ -9,6 +9,7 @@ from PIL import Image
 from train_helpers import SIZE, small_record_set, write_anchors
 
 from yolo3.checkpoint.weights import read_metadata, save_weights
+from yolo3.data.records import iterate_records
 from yolo3.evaluation import validate
 from yolo3.model.head import HeadSpec
 from yolo3.model.network import tiny_yolo_body
@@ -53,7 +54,7 @@ def test_evaluates_a_record_set_and_writes_the_report(run_folder, tmp_path, caps
 def test_ground_truth_as_detections_scores_one(run_folder):
     """The glue between sources and the scorer: truth fed back as detections gives mAP 1."""
     _, records, _, _ = run_folder
-    truths = [truth for _, truth in validate.iterate_records(records, "val")]
+    truths = [truth for _, truth in iterate_records(records, "val")]
     detections = [
         {"boxes": t["boxes"], "classes": t["classes"], "scores": np.ones(len(t["classes"]))}
         for t in truths

@@ -386,7 +386,7 @@ def test_a_lost_worker_is_named_by_its_cause_not_tensorflows_header():
     """What a surviving worker's one line says in brackets: the cause at the end of the chain
     of aborted collectives, not "Graph execution error:" (messages as TensorFlow 2.21 raised
     them when another worker was killed, the trace shortened)."""
-    from yolo3.engine.training import _cause
+    from yolo3.training.job import _cause
 
     trace = (
         "Graph execution error:\n\nDetected at node sgd/CollectiveReduceV2 defined at (most "

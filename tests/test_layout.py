@@ -56,7 +56,7 @@ def test_model_and_data_packages_answer_for_their_former_modules():
 def test_top_level_names_resolve_and_importing_them_lazily_starts_no_tensorflow():
     for name in yolo3.__all__:
         assert getattr(yolo3, name) is not None, name
-    assert yolo3.train is yolo3.engine.training.run
+    assert yolo3.train is yolo3.training.job.run
     code = (
         "import sys, yolo3, yolo3.model.resources, yolo3.data.annotations, yolo3.commands\n"
         "print('tensorflow' in sys.modules, 'keras' in sys.modules)\n"

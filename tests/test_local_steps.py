@@ -29,9 +29,9 @@ from yolo3.comm.local_steps import LocalStepsState, local_reducer, sync_bytes
 from yolo3.comm.local_sync import overlap_advice
 from yolo3.comm.schemes import communication_from
 from yolo3.commands import train
-from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer, make_optimizer
 from yolo3.model.loss import LossOptions
+from yolo3.training import job as training
 
 REPLICAS = 4  # conftest.NUM_LOGICAL_CPUS
 

@@ -27,8 +27,8 @@ from train_helpers import frozen_heads, job_inputs, train_args
 from yolo3.checkpoint.weights import read_metadata
 from yolo3.commands import evaluate, train
 from yolo3.distributed.ports import free_port
-from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer
+from yolo3.training import job as training
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tools" / "launch.py"

@@ -10,8 +10,8 @@ from train_helpers import SIZE, small_record_set, train_args, write_anchors
 from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
 from yolo3.data.multiscale import ScaleSchedule, darknet_sizes, parse_sizes, resize_batch
-from yolo3.engine import training
 from yolo3.model.network import tiny_yolo_body
+from yolo3.training import job as training
 
 
 def test_darknet_sizes_are_320_to_608_at_416_and_scale_with_the_records():

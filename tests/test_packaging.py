@@ -95,9 +95,9 @@ def test_wheel_adds_exactly_one_top_level_name(installed):
 def test_installed_library_imports_callbacks_inside_its_namespace(installed):
     out = _python(
         installed,
-        "import importlib.util, pkgutil, yolo3, yolo3.callbacks, yolo3.engine.training\n"
+        "import importlib.util, pkgutil, yolo3, yolo3.callbacks, yolo3.training.job\n"
         "print(yolo3.callbacks.__file__)\n"
-        "print(yolo3.engine.training.yolo_callbacks is yolo3.callbacks)\n"
+        "print(yolo3.training.job.yolo_callbacks is yolo3.callbacks)\n"
         "print(importlib.util.find_spec('callbacks'))\n"
         "print(','.join(sorted(m.name for m in pkgutil.iter_modules(yolo3.__path__))))\n",
     )

@@ -603,7 +603,6 @@ def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
 
     from yolo3.data import pipeline as data
     from yolo3.evaluation import metrics as evaluate
-    from yolo3.evaluation import validate
 
     folder = tmp_path / "data"
     folder.mkdir()
@@ -638,7 +637,7 @@ def test_difficult_flags_reach_records_training_and_scoring(tmp_path):
 
     # Scoring: detecting every object, or every object but the difficult ones, both score
     # 1.0. Were the flags lost, missing the difficult ones would cost recall.
-    truths = [truth for _, truth in validate.iterate_records(str(out), "val")]
+    truths = [truth for _, truth in records.iterate_records(str(out), "val")]
 
     def detections(skip_difficult):
         found = []

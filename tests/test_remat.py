@@ -15,10 +15,10 @@ from train_helpers import SIZE, small_record_set, train_args, write_anchors
 
 from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
-from yolo3.engine import training
 from yolo3.engine.trainer import YoloTrainer
 from yolo3.model.network import build_model
 from yolo3.model.remat import RematForward, split_into_segments
+from yolo3.training import job as training
 
 NUM_CLASSES = 2
 REPLICAS_SCRIPT = Path(__file__).with_name("remat_replicas.py")

@@ -16,10 +16,10 @@ from train_helpers import SIZE, train_args, write_anchors
 from yolo3.callbacks.evaluation import class_tags
 from yolo3.callbacks.history import read_history
 from yolo3.commands import train
-from yolo3.engine import training
+from yolo3.drawing import MISSED_BOX_COLOR, TRUE_BOX_COLOR
 from yolo3.evaluation import validate
-from yolo3.evaluation.plots import MISSED_BOX_COLOR, TRUE_BOX_COLOR
 from yolo3.model.head import HeadSpec
+from yolo3.training import job as training
 
 # Class names TensorBoard tags cannot hold as they are; the examples use the first two only.
 CLASSES = ("traffic light", "cat/dog", "never seen")

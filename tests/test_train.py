@@ -18,10 +18,10 @@ from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.commands import train
 from yolo3.data import records as yolo_records
 from yolo3.engine import config as run_config
-from yolo3.engine import training
 from yolo3.inference.detector_spec import spec_for_weights
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors
+from yolo3.training import job as training
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,11 @@ from train_helpers import SIZE, small_record_set, train_args, write_anchors
 from yolo3.callbacks import Throughput
 from yolo3.checkpoint.weights import load_weights
 from yolo3.commands import train
-from yolo3.engine import training
 from yolo3.engine.combinations import OPTIONS
 from yolo3.engine.trainer import YoloTrainer
 from yolo3.model.loss import yolo_loss
 from yolo3.model.targets import build_targets
+from yolo3.training import job as training
 
 NUM_CLASSES = 2
 

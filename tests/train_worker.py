@@ -84,7 +84,7 @@ def main():
         rest = rest[1:]
     from yolo3.cli import KNOWN_ERRORS, run_main
     from yolo3.commands import train
-    from yolo3.engine import training
+    from yolo3.training import job as training
 
     return run_main(
         train.build_parser(),
@@ -96,7 +96,7 @@ def main():
 
 def _train_and_dump(config, dump_dir):
     from yolo3.data import records
-    from yolo3.engine import training
+    from yolo3.training import job as training
 
     training.configure(config)
     if SNAPSHOT_ENV in os.environ:

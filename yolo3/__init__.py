@@ -5,7 +5,9 @@ The package by concern:
 - ``yolo3.model``: the networks, loss, targets, anchors and class files;
 - ``yolo3.data``: annotations, images, augmentation, offline record shards, the input pipeline;
 - ``yolo3.checkpoint``: weights files and their metadata, keras-yolo3 and Darknet files;
-- ``yolo3.engine``: a training run (``TrainConfig``, ``run``) and its Keras step;
+- ``yolo3.engine``: what a training run is made of (``TrainConfig``, the builders, the
+  trainer and its Keras step);
+- ``yolo3.training``: a run assembled from the engine and the callbacks (``run``);
 - ``yolo3.comm``: how replicas exchange gradients (all-reduce, PowerSGD, local steps);
 - ``yolo3.distributed``: devices, strategies, several machines;
 - ``yolo3.evaluation``: mAP (VOC, COCO), reports and galleries;
@@ -14,7 +16,7 @@ The package by concern:
 
 The names most programs start from are importable from here: :func:`build_model`,
 :class:`Detector`, :func:`load_detector`, :func:`export_detector`, :class:`TrainConfig`,
-:func:`train` (``yolo3.engine.training.run``), :func:`open_record_set` and
+:func:`train` (``yolo3.training.job.run``), :func:`open_record_set` and
 :func:`evaluate_detector`. Importing this package starts no TensorFlow; each is imported on
 first use, TensorFlow's start-up log held back as the commands hold it back (a notebook
 shows what a process writes to its standard error; ``YOLO3_TF_LOG=1`` lets it through).
@@ -30,8 +32,8 @@ _EXPORTS = {
     "Detector": ("yolo3.inference.detect", "Detector"),
     "load_detector": ("yolo3.inference.runtime", "load_detector"),
     "export_detector": ("yolo3.inference.export", "export_detector"),
-    "TrainConfig": ("yolo3.engine.training", "TrainConfig"),
-    "train": ("yolo3.engine.training", "run"),
+    "TrainConfig": ("yolo3.engine.config", "TrainConfig"),
+    "train": ("yolo3.training.job", "run"),
     "open_record_set": ("yolo3.data.records", "open_record_set"),
     "evaluate_detector": ("yolo3.evaluation.validate", "evaluate_detector"),
 }

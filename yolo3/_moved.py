@@ -26,7 +26,9 @@ MOVED = {
     "yolo3.devices": "yolo3.distributed.devices",
     "yolo3.distribute": "yolo3.distributed.strategy",
     "yolo3.engine.faults": "yolo3.faults",
+    "yolo3.engine.hooks": "yolo3.training.hooks",
     "yolo3.engine.status": "yolo3.status",
+    "yolo3.engine.training": "yolo3.training.job",
     "yolo3.evaluate": "yolo3.evaluation.metrics",
     "yolo3.export": "yolo3.inference.export",
     "yolo3.flops": "yolo3.model.flops",
@@ -51,7 +53,6 @@ MOVED = {
     "yolo3.synthetic": "yolo3.data.synthetic",
     "yolo3.targets": "yolo3.model.targets",
     "yolo3.trainer": "yolo3.engine.trainer",
-    "yolo3.training": "yolo3.engine.training",
     "yolo3.validate": "yolo3.evaluation.validate",
     "yolo3.weights": "yolo3.checkpoint.weights",
 }

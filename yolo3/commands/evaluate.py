@@ -397,7 +397,7 @@ def watch(args, log=print):
     """Evaluates every new epoch of a run until its last one (see the module docstring)."""
     import tensorflow as tf  # noqa: PLC0415
 
-    from yolo3.engine.training import read_config  # noqa: PLC0415
+    from yolo3.training.job import read_config  # noqa: PLC0415
 
     use_device(args.device)
     log_dir = args.watch

@@ -33,7 +33,7 @@ from yolo3.cli import (
     run_main,
 )
 from yolo3.engine import config as run_config
-from yolo3.engine import training
+from yolo3.training import job as training
 
 
 def build_parser():

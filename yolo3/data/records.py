@@ -637,3 +637,21 @@ def _check_record(serialized, where, height, width, num_classes):
         if not 0 <= class_id < num_classes:
             problems.append(f"{where}: class id {class_id} outside [0, {num_classes})")
     return problems
+
+
+def iterate_records(record_set, split="val"):
+    """Yields ``(image, truth)`` from a record set (or its folder): uint8 arrays and boxes in
+    their frame, as evaluation and calibration read them; :class:`BadRecord` names a record
+    that is not sound."""
+    for path in open_record_set(record_set).shard_paths(split):
+        for record in decode_records(path):  # BadRecord names one that is not sound
+            image = record["image"]
+            yield (
+                image,
+                {
+                    "boxes": record["boxes"],
+                    "classes": record["classes"],
+                    "difficult": record["difficult"],
+                    "image_hw": image.shape[:2],
+                },
+            )

@@ -1,10 +1,10 @@
 """The steps of a training run, one builder each, as detectron2's ``DefaultTrainer`` has
 ``build_model``, ``build_optimizer``, ``build_train_loader`` and ``build_hooks``.
 
-:func:`yolo3.engine.training.run` calls them in order: :func:`build_strategy`,
+:func:`yolo3.training.job.run` calls them in order: :func:`build_strategy`,
 :func:`read_data` (each input read once), :func:`resolve_setup` (the settings every later step
 reads, one :class:`RunSetup`), :func:`build_trainer`, :func:`restore_state`,
-:func:`build_datasets`, then the callbacks (:mod:`yolo3.engine.hooks`). Each takes the config
+:func:`build_datasets`, then the callbacks (:mod:`yolo3.training.hooks`). Each takes the config
 and what the steps before it built; none reads a file that an earlier step already read.
 """
 

@@ -1,8 +1,8 @@
 """What ``--resume`` may change: a run continued with other settings either honours the change
 and says so, or is refused before any work, naming the flag and the value the run was saved with.
 
-The run's ``config.json`` (written by :func:`yolo3.engine.training.run` at the start of every run)
-holds its :class:`~yolo3.engine.training.TrainConfig` and the settings resolved from it (model type,
+The run's ``config.json`` (written by :func:`yolo3.training.job.run` at the start of every run)
+holds its :class:`~yolo3.engine.config.TrainConfig` and the settings resolved from it (model type,
 classes, anchors, input size, precision, replicas, workers). A resumed run compares its own
 against them:
 
@@ -51,7 +51,7 @@ NOT_COMPARED = frozenset(
 
 
 def flag_of(field):
-    """The yolo3 train flag of a :class:`~yolo3.engine.training.TrainConfig` field."""
+    """The yolo3 train flag of a :class:`~yolo3.engine.config.TrainConfig` field."""
     return "--model-type" if field == "model" else "--" + field.replace("_", "-")
 
 
@@ -71,8 +71,8 @@ def check_resumed(saved, config, resolved, log=print):
 
     Args:
         saved: the saved ``config.json`` (:func:`read_saved`); None checks nothing.
-        config: the resumed run's settings, a dict of :class:`~yolo3.engine.training.TrainConfig`.
-        resolved: the resumed run's resolved settings, as :func:`yolo3.engine.training.run` saves
+        config: the resumed run's settings, a dict of :class:`~yolo3.engine.config.TrainConfig`.
+        resolved: the resumed run's resolved settings, as :func:`yolo3.training.job.run` saves
             them.
     """
     if saved is None:

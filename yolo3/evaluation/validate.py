@@ -60,22 +60,6 @@ class Evaluation:
         return figures
 
 
-def iterate_records(record_set, split="val"):
-    """Yields ``(image, truth)`` from a record set: uint8 arrays and boxes in their frame."""
-    for path in records.open_record_set(record_set).shard_paths(split):
-        for record in records.decode_records(path):  # BadRecord names one that is not sound
-            image = record["image"]
-            yield (
-                image,
-                {
-                    "boxes": record["boxes"],
-                    "classes": record["classes"],
-                    "difficult": record["difficult"],
-                    "image_hw": image.shape[:2],
-                },
-            )
-
-
 def iterate_annotations(path, num_classes, image_root=None, skipped=None):
     """Yields ``(image, truth)`` from an annotation file, boxes in original pixels.
 
@@ -178,7 +162,7 @@ def evaluate_detector(
     class_names = detector.class_names
     skipped = []
     if records.is_record_set(source):
-        pairs = iterate_records(records.open_record_set(source), split)
+        pairs = records.iterate_records(records.open_record_set(source), split)
     else:
         pairs = iterate_annotations(source, len(class_names), image_root, skipped)
     truths, detections, gallery, batch = [], [], [], []

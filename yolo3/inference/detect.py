@@ -14,10 +14,10 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image, ImageDraw, ImageFont
 
+from yolo3 import drawing
 from yolo3.checkpoint import weights as weights_io
 from yolo3.data.image import letterbox_darknet, letterbox_image, to_rgb
-from yolo3.evaluation import plots
-from yolo3.evaluation.plots import class_colors
+from yolo3.drawing import class_colors
 from yolo3.inference.detector_spec import DetectorSpec, spec_for_weights
 from yolo3.inference.postprocess import postprocess
 from yolo3.model.network import build_head_model, head_layer_names
@@ -281,7 +281,7 @@ def draw_detections(image, detection, class_names, *, legend=False):
         detection: one dict from :meth:`Detector.detect` (``boxes`` in this image's pixels).
         class_names: names indexed by class id.
         legend: add a band below the image naming the colours of the classes drawn
-            (:func:`yolo3.evaluation.plots.legend_band`). Off by default, so that the picture keeps
+            (:func:`yolo3.drawing.legend_band`). Off by default, so that the picture keeps
             the image's size (video frames, overlays).
 
     Returns:
@@ -300,10 +300,10 @@ def draw_detections(image, detection, class_names, *, legend=False):
         color = colors[int(class_id) % len(colors)]
         draw.rectangle((x_min, y_min, x_max, y_max), outline=color, width=thickness)
         caption = f"{class_names[int(class_id)]} {float(score):.2f}"
-        plots.draw_caption(draw, caption, (x_min, y_min, x_max, y_max), color, font, bounds)
+        drawing.draw_caption(draw, caption, (x_min, y_min, x_max, y_max), color, font, bounds)
     if not legend:
         return image
-    band = plots.legend_band(image.width, class_names, detection["classes"])
+    band = drawing.legend_band(image.width, class_names, detection["classes"])
     framed = Image.new("RGB", (image.width, image.height + band.height))
     framed.paste(image, (0, 0))
     framed.paste(band, (0, image.height))

@@ -156,7 +156,7 @@ def calibration_images(record_set, input_hw, count):
 
     from yolo3.data import records  # noqa: PLC0415
     from yolo3.data.image import letterbox_image  # noqa: PLC0415
-    from yolo3.evaluation.validate import iterate_records  # noqa: PLC0415
+    from yolo3.data.records import iterate_records  # noqa: PLC0415
 
     record_set = records.open_record_set(record_set)
     if not record_set.has_split("val"):

@@ -28,8 +28,6 @@ import collections
 import dataclasses
 import os
 
-FORMATS = ("yolo", "darknet", "coco", "voc")
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceDataset:
@@ -61,22 +59,15 @@ def add_arguments(parser, *, data_help, group=None):
 def detect_format(path):
     """The format of ``path`` from what it is (see the table above); ValueError if none."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        if os.path.isdir(os.path.join(path, "Annotations")) or any(
-            name.startswith("VOC") for name in os.listdir(path)
-        ):
-            return "voc"
-        return "coco"  # annotations/instances_*.json or a Roboflow COCO export
     if not os.path.exists(path):
         raise ValueError(f"--data {path} does not exist")
-    suffix = os.path.splitext(path)[1].lower()
-    known = {".yaml": "yolo", ".yml": "yolo", ".data": "darknet", ".json": "coco"}
-    if suffix not in known:
-        raise ValueError(
-            f"--data {path}: cannot tell its format from the name; give --data-format "
-            f"({', '.join(FORMATS)})"
-        )
-    return known[suffix]
+    for entry in REGISTRY:
+        if entry.recognises(path):
+            return entry.name
+    raise ValueError(
+        f"--data {path}: cannot tell its format from the name; give --data-format "
+        f"({', '.join(FORMATS)})"
+    )
 
 
 def read_dataset(path, *, data_format=None, classes=None, image_root=None):
@@ -85,8 +76,8 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None):
     Args:
         path: what ``--data`` names (see the table above).
         data_format: one of :data:`FORMATS`, or None to detect it from ``path``.
-        classes: class names to keep, for VOC (whose files name classes but not their
-            order); the other formats number their classes themselves.
+        classes: class names to keep, for the formats that take them (VOC, whose files
+            name classes but not their order); the others number their classes themselves.
         image_root: COCO's image folder, when it is not where the JSON's layout puts it.
 
     Raises:
@@ -94,24 +85,16 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None):
     """
     path = os.fspath(path)
     data_format = data_format or detect_format(path)
-    if data_format not in FORMATS:
+    entry = next((entry for entry in REGISTRY if entry.name == data_format), None)
+    if entry is None:
         raise ValueError(f"--data-format {data_format!r}: use one of {', '.join(FORMATS)}")
-    if classes is not None and data_format != "voc":
+    if classes is not None and not entry.takes_classes:
         raise ValueError(
             f"--classes: a {data_format} dataset names its classes itself; drop --classes"
         )
     if not os.path.exists(path):
         raise ValueError(f"--data {path} does not exist")
-    if data_format in ("yolo", "darknet"):
-        names, splits, rejects, counts = _read_yolo_layout(path, data_format)
-    elif data_format == "coco":
-        from yolo3.data.formats import coco  # noqa: PLC0415
-
-        names, splits, rejects, counts = coco.read(path, image_root)
-    else:
-        from yolo3.data.formats import voc  # noqa: PLC0415
-
-        names, splits, rejects, counts = voc.read(path, classes)
+    names, splits, rejects, counts = entry.read(path, classes=classes, image_root=image_root)
     return SourceDataset(data_format, path, list(names), splits, rejects, counts)
 
 
@@ -144,4 +127,74 @@ def _read_yolo_layout(path, data_format):
     return names, splits, rejects, counts
 
 
-__all__ = ["FORMATS", "SourceDataset", "add_arguments", "detect_format", "read_dataset"]
+def _has_suffix(*suffixes):
+    def recognises(path):
+        return os.path.isfile(path) and os.path.splitext(path)[1].lower() in suffixes
+
+    return recognises
+
+
+def _is_voc(path):
+    """A ``VOCdevkit`` or ``VOC<year>`` folder: one with ``Annotations`` or a ``VOC*`` entry."""
+    return os.path.isdir(path) and (
+        os.path.isdir(os.path.join(path, "Annotations"))
+        or any(name.startswith("VOC") for name in os.listdir(path))
+    )
+
+
+def _is_coco(path):
+    """A COCO JSON, or a folder of them (``annotations/instances_*.json``, a Roboflow
+    export) that is not a VOC folder."""
+    return _has_suffix(".json")(path) or (os.path.isdir(path) and not _is_voc(path))
+
+
+def _read_coco(path, *, classes, image_root):
+    from yolo3.data.formats import coco  # noqa: PLC0415
+
+    return coco.read(path, image_root)
+
+
+def _read_voc(path, *, classes, image_root):
+    from yolo3.data.formats import voc  # noqa: PLC0415
+
+    return voc.read(path, classes)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetFormat:
+    """One format of :data:`REGISTRY`: its ``name`` (``--data-format``), ``recognises(path)``
+    (whether a ``--data`` path is one), ``read(path, classes=, image_root=)`` giving
+    ``(names, splits, rejects, counts)`` as :class:`SourceDataset` holds them, and whether
+    it ``takes_classes`` (``--classes``)."""
+
+    name: str
+    recognises: object
+    read: object
+    takes_classes: bool = False
+
+
+# Every format --data reads; a new one is a reader module and one entry here.
+REGISTRY = (
+    DatasetFormat(
+        "yolo",
+        _has_suffix(".yaml", ".yml"),
+        lambda path, **_: _read_yolo_layout(path, "yolo"),
+    ),
+    DatasetFormat(
+        "darknet", _has_suffix(".data"), lambda path, **_: _read_yolo_layout(path, "darknet")
+    ),
+    DatasetFormat("coco", _is_coco, _read_coco),
+    DatasetFormat("voc", _is_voc, _read_voc, takes_classes=True),
+)
+FORMATS = tuple(entry.name for entry in REGISTRY)
+
+
+__all__ = [
+    "DatasetFormat",
+    "FORMATS",
+    "REGISTRY",
+    "SourceDataset",
+    "add_arguments",
+    "detect_format",
+    "read_dataset",
+]

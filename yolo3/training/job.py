@@ -4,7 +4,7 @@ One code path for every layout: a CPU, one GPU, ``--gpus N`` (MirroredStrategy),
 ``--cpu-replicas N`` (the same multi-device path on logical CPUs) and several machines
 (MultiWorkerMirroredStrategy from ``TF_CONFIG`` or Slurm). Only the strategy differs.
 :func:`run` lists the steps; each is a builder of :mod:`yolo3.engine.builders` (strategy,
-data, resolved settings, trainer, datasets) or :mod:`yolo3.engine.hooks` (the callbacks),
+data, resolved settings, trainer, datasets) or :mod:`yolo3.training.hooks` (the callbacks),
 then :func:`fit`.
 
 Folder layout under ``--log-dir``::
@@ -35,9 +35,9 @@ from yolo3.distributed import strategy as distribute
 from yolo3.engine import builders, resume
 from yolo3.engine.builders import anchors_file, gpus_in_use
 from yolo3.engine.config import TrainConfig
-from yolo3.engine.hooks import build_backup, build_hooks, build_tracking
 from yolo3.model.resources import read_anchors
 from yolo3.progress import resolve as resolve_progress
+from yolo3.training.hooks import build_backup, build_hooks, build_tracking
 
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 

@@ -1,6 +1,6 @@
 """The callbacks a training run is fitted with, built in the order they must run.
 
-The last builders of :func:`yolo3.engine.training.run` (see :mod:`yolo3.engine.builders`):
+The last builders of :func:`yolo3.training.job.run` (see :mod:`yolo3.engine.builders`):
 :func:`build_tracking` (the chief's MLflow run, opened before any work), :func:`build_backup`
 (this worker's backups, restored from before the callbacks are built) and :func:`build_hooks`
 (the stop flag, the preemption handler and every callback).
