@@ -231,8 +231,8 @@ def yolo_loss(
             (5 + num_classes)); any float dtype (cast to float32 here).
         head: the :class:`yolo3.model.head.HeadSpec` the model was built for: its classes,
             the anchors of each level (sizes in input pixels) and each level's grid
-            sensitivity (AlexeyAB Darknet's ``scale_x_y``; 1 is YOLOv3's): the predicted
-            centre's offset in its cell is :func:`cell_offsets`. With ``mse`` the xy term's
+            sensitivity (``HeadLevel.xy_scale``; 1 is YOLOv3's): the predicted centre's
+            offset in its cell is :func:`cell_offsets`. With ``mse`` the xy term's
             targets move into the sigmoid's range to match, ``(offset + (s - 1) / 2) / s``.
         ignore_thresh: IoU above which a predicted box is not penalised as background.
         true_boxes: the boxes the targets were built from, (N, max_boxes, >= 4) float32

@@ -95,22 +95,6 @@ def parse_scale_x_y(text, source="--scale-x-y"):
     return values
 
 
-def scale_x_y_per_head(scale_x_y, num_heads, source="--scale-x-y"):
-    """``scale_x_y`` (None, a number, or one number per head) as a tuple of ``num_heads``
-    floats, largest stride first."""
-    if scale_x_y is None:
-        return (SCALE_X_Y,) * num_heads
-    values = (float(scale_x_y),) if np.isscalar(scale_x_y) else tuple(map(float, scale_x_y))
-    if len(values) == 1:
-        values *= num_heads
-    if len(values) != num_heads:
-        raise ValueError(
-            f"{source} {','.join(f'{v:g}' for v in values)}: give one value, or one per head "
-            f"({num_heads} here, largest stride first)"
-        )
-    return values
-
-
 def parse_anchors(text, source="anchors"):
     """Parses ``w,h, w,h, ...`` text into a float32 array of shape (num_anchors, 2)."""
     fields = [field.strip() for field in text.replace("\n", ",").split(",") if field.strip()]
