@@ -7,6 +7,11 @@ Three configs are recognised, by their layer counts: ``yolov3.cfg`` (75 convolut
 against the layer ``conv_k`` before any weight is read, so a cfg that only looks like a known one
 fails with the line to look at instead of loading shifted weights.
 
+A cfg comes from elsewhere and is read as untrusted: every value that sizes a tensor is
+checked against the bounds below, and the parameter count of the network it describes
+against :data:`MAX_PARAMETERS`, before any model is built, so that a cfg asking for heads of
+a billion filters ends with its file and line instead of a 2 TB allocation.
+
 Weights file layout (``load_weights`` in Darknet's ``parser.c``): int32 major, minor, revision;
 ``seen`` images as int64 when ``major * 10 + minor >= 2``, else int32; then for each
 [convolutional] in cfg order either ``beta, gamma, rolling_mean, rolling_variance`` (``n``
@@ -43,6 +48,43 @@ KNOWN_CONFIGS = (
     ("tiny", 13, 2, "yolov3-tiny.cfg"),
     ("darknet53", 53, 0, "darknet53.cfg, with [avgpool] and [softmax]"),
 )
+
+# Bounds on a cfg's values, each wide enough for every real YOLOv3 / tiny-YOLOv3 / Darknet-53
+# cfg (80 classes at 416-1280 px; YOLO9000's 9418 classes) and far below what allocates
+# absurd tensors:
+# - the cfg file: yolov3.cfg is 8 KB, the longest Darknet cfgs some 40 KB.
+MAX_CFG_BYTES = 2**20
+# - classes: YOLO9000's 9418 and ImageNet-21k's 21841 fit; a YOLOv3 head of 3 x (5 + 2**15)
+#   filters on 1024 channels is 100M parameters, already more than the rest of the network.
+MAX_CLASSES = 2**15
+# - filters of one convolution: the heads at the class bound (3 anchors x (5 + 2**15) =
+#   98,319) fit; the hidden layers of the three networks have at most 1024. The model this
+#   module builds takes only the classes and anchors of a cfg (the hidden layers must then
+#   match its own), so this bound also bounds the heads of that model: at most 2**17 filters
+#   on 1792 channels in all, 235M parameters besides YOLOv3's 62M.
+MAX_FILTERS = 2**17
+# - a kernel or pooling window: Darknet's cfgs use 1, 2 and 3 (SPP's pools 13).
+MAX_WINDOW = 32
+# - [net] width and height: 416-608 px usually, 1280-1536 for the largest models; at
+#   4096 x 4096 YOLOv3's first activation alone is 2 GB of float32 per image.
+MAX_INPUT_SIZE = 4096
+# - anchors of a [yolo] (``num``, the pairs of ``anchors``, a ``mask``'s indices): 9 in
+#   YOLOv3, 6 in tiny, at most 15 in the cfgs in the wild.
+MAX_ANCHORS = 64
+# - the float32 values of all the cfg's convolutions, traced through [route] and [shortcut]
+#   (a [route] can concatenate a layer with itself many times over): 1 GiB, as many as a
+#   Keras weights file may hold. YOLOv3 holds 62M, YOLOv3 with 2**15 classes 238M.
+MAX_PARAMETERS = yolo_weights.MAX_VALUES
+# (section, key) -> (least, most) of its integer value; 0 leaves [net]'s size unset.
+BOUNDS = {
+    ("net", "width"): (0, MAX_INPUT_SIZE),
+    ("net", "height"): (0, MAX_INPUT_SIZE),
+    ("convolutional", "filters"): (1, MAX_FILTERS),
+    ("convolutional", "size"): (1, MAX_WINDOW),
+    ("maxpool", "size"): (1, MAX_WINDOW),
+    ("yolo", "classes"): (1, MAX_CLASSES),
+    ("yolo", "num"): (1, MAX_ANCHORS),
+}
 
 
 @dataclass(frozen=True)
@@ -97,6 +139,12 @@ def parse_cfg(path):
     """Reads a Darknet cfg into a list of :class:`Section`, ``[net]`` first."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"cfg file {path} does not exist")
+    size = os.path.getsize(path)
+    if size > MAX_CFG_BYTES:
+        raise ValueError(
+            f"cfg file {path} is {size:,} bytes; Darknet cfgs are a few KB (this reader takes "
+            f"up to {MAX_CFG_BYTES:,}): a Darknet .cfg comes first, then its .weights"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -134,6 +182,7 @@ def describe_cfg(sections, path="cfg"):
     first), ``input_size`` ((height, width) of [net], None if unset), ``convs``
     (:class:`ConvSpec` list) and ``resamplers`` (the [maxpool] and [upsample] sections).
     """
+    check_bounds(sections)
     net, layers = sections[0], sections[1:]
     extra_net = next((s for s in layers if s.kind == "net"), None)
     if extra_net is not None:
@@ -151,6 +200,7 @@ def describe_cfg(sections, path="cfg"):
             f"none of the supported networks: {known}"
         )
     convs = _trace_channels(layers, net.get("channels", 3), path)
+    _check_parameter_count(convs, path)
     resamplers = [s for s in layers if s.kind in ("maxpool", "upsample")]
     info = {"model_type": model_type, "convs": convs, "resamplers": resamplers}
     size = (net.get("height", 0), net.get("width", 0))
@@ -160,6 +210,43 @@ def describe_cfg(sections, path="cfg"):
     else:
         info.update(_read_yolo_sections(layers, convs, path))
     return info
+
+
+def check_bounds(sections):
+    """ValueError naming the file and line of the first value outside :data:`BOUNDS`, or of
+    a [yolo] listing more than :data:`MAX_ANCHORS` anchors or mask indices."""
+    for section in sections:
+        for (kind, key), (least, most) in BOUNDS.items():
+            if section.kind != kind or key not in section.options:
+                continue
+            value = section.get(key)
+            if not least <= value <= most:
+                raise ValueError(
+                    f"{section.source}, line {section.line}: [{kind}] {key}={value} is outside "
+                    f"{least}..{most}, what this reader takes (real YOLOv3 cfgs lie well within)"
+                )
+        if section.kind == "yolo":
+            for key, per_entry in (("anchors", 2), ("mask", 1)):
+                count = section.options.get(key, "").count(",") + 1
+                if count > MAX_ANCHORS * per_entry:
+                    raise ValueError(
+                        f"{section.source}, line {section.line}: [yolo] {key} lists {count} "
+                        f"numbers; this reader takes up to {MAX_ANCHORS} anchors"
+                    )
+
+
+def _check_parameter_count(convs, path):
+    """ValueError naming the largest convolution's line when the cfg's convolutions hold
+    more than :data:`MAX_PARAMETERS` values: before a model is built or a weight read."""
+    total = sum(spec.num_values for spec in convs)
+    if total > MAX_PARAMETERS:
+        largest = max(convs, key=lambda spec: spec.num_values)
+        raise ValueError(
+            f"{path}, line {largest.line}: the cfg's convolutions hold {total:,} parameters, "
+            f"more than the {MAX_PARAMETERS:,} this reader takes (YOLOv3 has 62M); this one "
+            f"alone, {largest.filters} filters of {largest.size}x{largest.size} on "
+            f"{largest.in_channels} channels, holds {largest.num_values:,}"
+        )
 
 
 def _trace_channels(layers, in_channels, path):
@@ -226,6 +313,10 @@ def _read_yolo_sections(layers, convs, path):
             f"num={first.options.get('num')} w,h pairs"
         )
     anchors = np.asarray(anchor_values, np.float32).reshape(-1, 2)
+    if not np.all(np.isfinite(anchors)) or np.any(anchors <= 0):
+        raise ValueError(
+            f"{path}, line {first.line}: anchors must be positive and finite, in input pixels"
+        )
     masks, scale_x_y = [], []
     for i, section in yolo:
         same = section.get("classes") == num_classes

@@ -18,6 +18,11 @@ import numpy as np
 from yolo3.fileio import atomic_write
 
 METADATA_KEY = "yolo3"
+# The float values a weights file may hold for its layers, declared sizes summed before any
+# is read: 1 GiB of float32. YOLOv3 holds 62M, YOLOv3 for 2**15 classes 238M; an HDF5 file
+# from elsewhere can declare terabytes in a few bytes (an unwritten dataset reads as its
+# fill value).
+MAX_VALUES = 2**28
 
 
 def save_weights(model, path, metadata=None):
@@ -95,7 +100,10 @@ def _abandon_open_file(path):
 
 
 def read_metadata(path):
-    """The metadata dict written by :func:`save_weights`, or None if the file has none."""
+    """The metadata dict written by :func:`save_weights`, or None if the file has none (a
+    ``.keras`` archive records its own architecture instead)."""
+    if os.fspath(path).endswith(".keras"):
+        return None
     with _open_h5(path) as f:
         raw = f.attrs.get(METADATA_KEY)
     return json.loads(raw) if raw is not None else None
@@ -104,17 +112,27 @@ def read_metadata(path):
 def read_named_arrays(path):
     """``{layer_name: [arrays in variable order]}`` from a Keras 3 ``.weights.h5`` file.
 
-    None when the file has no ``layers`` group; ValueError when it is not HDF5.
+    None when the file has no ``layers`` group; ValueError when it is not HDF5, or declares
+    more than :data:`MAX_VALUES` values (checked before they are read).
     """
     arrays = {}
+    total = 0
     with _open_h5(path) as f:
         if "layers" not in f:
             return None
 
         def visit(name, obj):
+            nonlocal total
             if isinstance(obj, h5py.Group) and name.endswith("/vars") and "name" in obj.attrs:
-                keys = sorted(obj.keys(), key=int)
-                arrays[str(obj.attrs["name"])] = [np.asarray(obj[k]) for k in keys]
+                datasets = [obj[k] for k in sorted(obj.keys(), key=int)]
+                total += sum(int(dataset.size) for dataset in datasets)
+                if total > MAX_VALUES:
+                    raise ValueError(
+                        f"{path} declares more than {MAX_VALUES:,} weight values (at "
+                        f"layers/{name}); no model of this library has that many: give the "
+                        "weights file of a YOLOv3 or tiny-YOLOv3"
+                    )
+                arrays[str(obj.attrs["name"])] = [np.asarray(dataset) for dataset in datasets]
 
         f["layers"].visititems(visit)
     return arrays
@@ -203,9 +221,7 @@ def load_weights(model, path, *, skip_mismatch=False):
     if not os.path.exists(path):
         raise FileNotFoundError(f"weights file {path} does not exist")
     if path.endswith(".keras"):
-        import keras
-
-        source = keras.saving.load_model(path, compile=False, safe_mode=True)
+        source = load_keras_archive(path)
         arrays = {layer.name: layer.get_weights() for layer in source.layers if layer.weights}
     elif is_keras2_file(path):
         from yolo3.checkpoint import legacy
@@ -219,6 +235,43 @@ def load_weights(model, path, *, skip_mismatch=False):
 
         check_model_type(model_type_of(model), path)
     return assign_by_name(model, arrays, path, skip_mismatch=skip_mismatch)
+
+
+def load_keras_archive(path):
+    """The model in the ``.keras`` archive ``path``, deserialised in Keras's safe mode.
+
+    An archive from elsewhere is untrusted: safe mode refuses the layers that would run its
+    code (``Lambda``), and Keras refuses classes it does not know (a config naming
+    ``os.system``) before anything runs. Every way such a file fails to load (unknown
+    classes, refused lambdas, a damaged zip, a config that builds no model, a layer too big
+    to allocate) is the file's problem, not a bug here: one ValueError naming the file and
+    what to give instead.
+    """
+    import keras  # noqa: PLC0415 - TensorFlow only where an archive is read
+
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as err:  # noqa: BLE001 - a file from elsewhere fails in many ways
+        raise ValueError(
+            f"{path} does not load as a Keras model ({_one_line(err)}); give a .weights.h5 "
+            "file, or a .keras archive saved by Keras 3 from a model of this library"
+        ) from None
+
+
+# What a message quotes of a library's error about a file: enough to tell what failed.
+_QUOTE_CHARS = 200
+
+
+def _one_line(err):
+    """``err``'s message on one line: the first sentence of its innermost cause, at most
+    :data:`_QUOTE_CHARS` characters. Keras wraps the error of a nested layer in its
+    model's ("Exception encountered: ...") and quotes the whole config of what it could
+    not load, which a hostile file makes as long as it likes."""
+    text = " ".join(str(err).split()).rpartition("Exception encountered: ")[2]
+    text = text.split(". ", 1)[0] or type(err).__name__
+    if len(text) > _QUOTE_CHARS:
+        text = text[: _QUOTE_CHARS - 3] + "..."
+    return f"{type(err).__name__}: {text}"
 
 
 def check_model_type(model_type, path, metadata=None):

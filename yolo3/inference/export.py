@@ -20,8 +20,12 @@ metadata):
 
 Every artifact records the :class:`yolo3.inference.detector_spec.DetectorSpec` it was exported with
 (classes, anchors, masks, input size, resampling, thresholds, outputs, quantisation) as
-JSON: a SavedModel's ``metadata()`` function, an ONNX file's ``yolo3`` metadata property, a
-TFLite file's ``yolo3`` metadata buffer. :func:`read_artifact_metadata` reads any of them.
+JSON: a SavedModel's ``assets.extra/yolo3.json`` file (and its ``metadata()`` function, for
+TensorFlow users), an ONNX file's ``yolo3`` metadata property, a TFLite file's ``yolo3``
+metadata buffer. :func:`read_artifact` reads any of them as data, and checks it, before
+anything of the artifact runs: a SavedModel is a program (loading one runs its graphs), so
+one from an older export, whose settings only its ``metadata()`` function returns, is
+refused rather than run to find out what it is.
 """
 
 import json
@@ -32,7 +36,9 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3 import fileio
+from yolo3.checkpoint.darknet import MAX_INPUT_SIZE
 from yolo3.data.image import PAD_VALUE
+from yolo3.inference.detector_spec import DetectorSpec
 from yolo3.inference.postprocess import batched_nms, decode_to_image, letterbox_geometry_tf
 
 FORMATS = ("saved_model", "onnx", "tflite")
@@ -40,6 +46,14 @@ QUANTIZATIONS = ("float16", "int8")
 OUTPUTS = ("detections", "candidates", "heads")
 METADATA_KEY = "yolo3"
 METADATA_VERSION = 1
+# A SavedModel's metadata as a plain file: ``assets.extra`` is the SavedModel folder's place
+# for files that higher-level libraries keep beside the model and TensorFlow never loads.
+SAVED_MODEL_SPEC = os.path.join("assets.extra", f"{METADATA_KEY}.json")
+# The metadata an artifact may carry, in bytes: 2**15 class names of 500 characters fit.
+MAX_METADATA_BYTES = 2**24
+# The detections an artifact may keep per image (the runner's NMS allocates room for them):
+# COCO scores 100 an image, the densest detection sets hold a few thousand objects.
+MAX_DETECTIONS = 2**16
 ONNX_OPSET = 17
 # The TFLite operators that decode boxes and map them back to the image: kept in float32 in
 # an int8 file, because box corners in pixels and exp() of a size offset do not survive 8
@@ -247,6 +261,9 @@ def _write_saved_model(model, spec, function, metadata, output):
     temp = fileio.atomic_path(output.rstrip("/"))
     try:
         tf.saved_model.save(module, temp, signatures=signatures)
+        os.makedirs(os.path.join(temp, os.path.dirname(SAVED_MODEL_SPEC)), exist_ok=True)
+        with open(os.path.join(temp, SAVED_MODEL_SPEC), "w", encoding="utf-8") as f:
+            f.write(text)
         if os.path.isdir(output):
             shutil.rmtree(output)
         os.replace(temp, output)
@@ -380,15 +397,25 @@ def artifact_engine(path):
     )
 
 
-def read_artifact_metadata(path, engine=None, *, loaded=None):
-    """The metadata dict an exported artifact carries; ValueError if it carries none."""
+def read_artifact_metadata(path, engine=None):
+    """The metadata dict an exported artifact carries, read as data and checked (see
+    :func:`read_artifact`); ValueError naming the file if it carries none or a broken one."""
+    return read_artifact(path, engine)[0]
+
+
+def read_artifact(path, engine=None):
+    """``(metadata, spec)``: the metadata dict an exported artifact carries and the
+    :class:`DetectorSpec` in it, read as data without running anything of the artifact.
+
+    ValueError naming the file when it carries none (a SavedModel without
+    :data:`SAVED_MODEL_SPEC`: an older export, or none of ours), or JSON that is not what
+    :func:`export_detector` writes.
+    """
     path = os.fspath(path)
     engine = engine or artifact_engine(path)
     text = None
     if engine == "saved_model":
-        loaded = loaded if loaded is not None else tf.saved_model.load(path)
-        if hasattr(loaded, "metadata"):
-            text = loaded.metadata().numpy().decode()
+        text = _saved_model_metadata(path)
     elif engine == "onnx":
         onnx = _require("onnx", "Reading ONNX files")
         try:
@@ -402,7 +429,56 @@ def read_artifact_metadata(path, engine=None, *, loaded=None):
         raise ValueError(
             f"{path} has no {METADATA_KEY} metadata: it was not written by yolo3 export"
         )
-    return json.loads(text)
+    return _checked_metadata(text, path, engine)
+
+
+def _saved_model_metadata(path):
+    """The text of a SavedModel's :data:`SAVED_MODEL_SPEC`; ValueError when it has none."""
+    spec_path = os.path.join(path, SAVED_MODEL_SPEC)
+    if not os.path.isfile(spec_path):
+        raise ValueError(
+            f"{path} has no {SAVED_MODEL_SPEC}: a SavedModel is a program, and this one's "
+            "settings can only be had by running it (an export of an older yolo3, or none of "
+            "ours); export it again with yolo3 export, from weights you trust"
+        )
+    with open(spec_path, "rb") as f:
+        data = f.read(MAX_METADATA_BYTES + 1)
+    if len(data) > MAX_METADATA_BYTES:
+        raise ValueError(f"{spec_path} is over {MAX_METADATA_BYTES:,} bytes: not yolo3 metadata")
+    return data
+
+
+def _checked_metadata(text, path, engine):
+    """``(metadata, spec)`` from an artifact's JSON ``text``; ValueError naming ``path``
+    unless it is what :func:`_metadata` wrote for ``engine``, within bounds."""
+
+    def refuse(problem):
+        return ValueError(
+            f"{path}: its {METADATA_KEY} metadata {problem}; export the detector again with "
+            "yolo3 export"
+        )
+
+    try:
+        metadata = json.loads(text)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise refuse(f"is not JSON ({type(err).__name__})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != "yolo3-detector":
+        raise refuse("is not a yolo3 detector's")
+    if metadata.get("engine") != engine or metadata.get("outputs") not in OUTPUTS:
+        raise refuse(f"does not describe a {engine} detector with one of the outputs {OUTPUTS}")
+    try:
+        spec = DetectorSpec.from_json(metadata, source="it")
+    except Exception as err:  # noqa: BLE001 - JSON from elsewhere is wrong in many ways
+        detail = " ".join(str(err).split())[:200]
+        if not isinstance(err, ValueError):  # a missing key, a list where a number goes
+            detail = f"{type(err).__name__}: {detail}"
+        raise refuse(f"does not describe a detector ({detail})") from None
+    if max(spec.head.input_hw) > MAX_INPUT_SIZE or spec.max_detections > MAX_DETECTIONS:
+        raise refuse(
+            f"asks for input size {spec.head.input_hw} and {spec.max_detections} detections "
+            f"an image; this library runs up to {MAX_INPUT_SIZE} px and {MAX_DETECTIONS}"
+        )
+    return metadata, spec
 
 
 def _tflite_metadata(path):
@@ -410,9 +486,12 @@ def _tflite_metadata(path):
 
     with open(path, "rb") as f:
         content = f.read()
-    model = schema.Model.GetRootAs(content, 0)
-    for index in range(model.MetadataLength()):
-        entry = model.Metadata(index)
-        if entry.Name().decode() == METADATA_KEY:
-            return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode()
+    try:
+        model = schema.Model.GetRootAs(content, 0)
+        for index in range(model.MetadataLength()):
+            entry = model.Metadata(index)
+            if entry.Name() == METADATA_KEY.encode():
+                return model.Buffers(entry.Buffer()).DataAsNumpy().tobytes()
+    except Exception as err:  # noqa: BLE001 - a damaged flatbuffer fails in many ways
+        raise ValueError(f"{path} is not a TFLite model ({type(err).__name__})") from None
     return None

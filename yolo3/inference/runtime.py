@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from yolo3.data.image import letterbox_darknet, letterbox_image
 from yolo3.inference.detect import Detector, letterbox_batch, split_detections
-from yolo3.inference.detector_spec import DetectorSpec, load_keras_model, spec_for_weights
-from yolo3.inference.export import artifact_engine, read_artifact_metadata
+from yolo3.inference.detector_spec import load_keras_model, spec_for_weights
+from yolo3.inference.export import artifact_engine, read_artifact
 from yolo3.inference.postprocess import batched_nms, postprocess
 
 # What the artifact fixed at export time; load_detector refuses other values for them.
@@ -55,17 +55,16 @@ class ArtifactDetector:
 
     Attributes:
         engine: ``"saved_model"``, ``"onnx"`` or ``"tflite"``.
-        metadata: the dict the artifact carries; ``spec`` the :class:`DetectorSpec` in it.
+        metadata: the dict the artifact carries; ``spec`` the
+            :class:`yolo3.inference.detector_spec.DetectorSpec` in it.
     """
 
     def __init__(self, path, *, engine=None, num_threads=None, **settings):
         self.path = str(path)
         self.engine = engine or artifact_engine(path)
-        loaded = None
-        if self.engine == "saved_model":
-            loaded = tf.saved_model.load(self.path)
-        self.metadata = read_artifact_metadata(self.path, self.engine, loaded=loaded)
-        self.spec = DetectorSpec.from_json(self.metadata, source=self.path)
+        # Read as data and checked before anything of the artifact runs (loading a
+        # SavedModel runs its graphs).
+        self.metadata, self.spec = read_artifact(self.path, self.engine)
         for name, value in settings.items():
             if name not in EXPORT_TIME_SETTINGS:
                 raise ValueError(
@@ -81,7 +80,7 @@ class ArtifactDetector:
         self.input_hw = self.spec.head.input_hw
         self.outputs = self.metadata["outputs"]
         if self.engine == "saved_model":
-            self._run = _saved_model_runner(loaded)
+            self._run = _saved_model_runner(self.path)
         elif self.engine == "onnx":
             self._run = _onnx_runner(self.path, num_threads)
         else:
@@ -117,8 +116,16 @@ class ArtifactDetector:
         return split_detections(*self.run_batch(inputs, sizes), self.class_names)
 
 
-def _saved_model_runner(loaded):
-    function = loaded.signatures["serving_default"]
+def _saved_model_runner(path):
+    try:
+        loaded = tf.saved_model.load(path)
+        function = loaded.signatures["serving_default"]
+    except Exception as err:  # noqa: BLE001 - a damaged SavedModel fails in many ways
+        detail = " ".join(str(err).split())[:200]
+        raise ValueError(
+            f"{path} does not load as a SavedModel with a serving_default signature "
+            f"({type(err).__name__}: {detail}); export it again with yolo3 export"
+        ) from None
 
     def run(feed):
         found = function(**{name: tf.constant(value) for name, value in feed.items()})
