@@ -209,11 +209,13 @@ def make_dataset(
     Returns:
         A ``tf.data.Dataset`` of the elements described in the module docstring.
 
+    A record that frames soundly but does not decode stops the iteration with TensorFlow's
+    InvalidArgumentError, which names no record: :func:`yolo3.data.records.find_undecodable`
+    finds it.
+
     Raises:
-        yolo3.data.shard_check.BadRecord: a shard this pipeline reads is not soundly framed
-            (checked here, from the record headers). A record that frames soundly but does
-            not decode stops the iteration with TensorFlow's InvalidArgumentError, which
-            names no record: :func:`yolo3.data.records.find_undecodable` finds it.
+        BadRecord: (:class:`yolo3.data.shard_check.BadRecord`) a shard this pipeline reads is
+            not soundly framed, checked here from the record headers.
     """
     record_set = records.open_record_set(record_set)
     if targets and head is None:
