@@ -11,6 +11,7 @@
         --cores 0 1
     python tools/benchmark.py accuracy --settings 'sync=' 'local32=--local-steps 32'
         [--replicas 2] [--seeds 0 1 2 3] [--link 100mbit] --cores 0 1
+    python tools/benchmark.py soak [--epochs 1000] [--flags='--map-every 10'] [--json soak.json]
 
 ``io`` (:mod:`benchmarks.io_pipeline`): images/s of the original keras-yolo3 on-the-fly input
 against the record-set pipeline as training reads it (uint8 images and boxes; targets are
@@ -60,6 +61,13 @@ wall time until the mAP first reaches the target (the reference's less ``--margi
 Without ``--link`` the replicas share one process and one core (mAP only; about 10 minutes
 a run); with ``--link RATE`` they are worker processes over the shaped loopback, one run at
 a time.
+
+``soak`` (:mod:`benchmarks.soak`): leaks over long runs. ``yolo3 train`` with its defaults
+trains ``--epochs`` one-step epochs of tiny-YOLOv3 on a tiny generated record set while its
+RSS, open files and threads are read from ``/proc`` at each epoch's end; a line fitted to
+the RSS over the second half gives MB per 100 epochs (goal: under 1), beside the log
+folder's growth by kind (only ``history.jsonl`` and event files may grow). About 1 s an
+epoch on 2 cores: 1000 epochs in 17 minutes.
 
 Wall-clock figures need an otherwise idle machine; each row also gives the CPU time per
 image, which load from other processes disturbs much less.
@@ -598,6 +606,46 @@ def _add_accuracy(subparsers):
     parser.set_defaults(handler=_run_accuracy)
 
 
+def _run_soak(args):
+    from benchmarks.soak import SoakConfig, format_soak, run_soak  # noqa: PLC0415
+
+    config = dataclass_from_args(SoakConfig, args, flags=tuple(shlex.split(args.flags)))
+    return _measure(run_soak, format_soak, config, args)
+
+
+def _add_soak(subparsers):
+    parser = subparsers.add_parser(
+        "soak",
+        help="RSS, open files and threads over many one-step epochs of yolo3 train",
+        description="Trains tiny-YOLOv3 for --epochs one-step epochs with yolo3 train's "
+        "defaults (validation, checkpoints and backups every epoch, history.jsonl, "
+        "TensorBoard), sampling the process's RSS, open files and threads from /proc; fits "
+        "a line to the RSS over the second half (MB per 100 epochs) and lists what the log "
+        "folder grew by.",
+    )
+    parser.add_argument("--epochs", type=int, default=1000, help="one-step epochs (1000)")
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=0.05,
+        help="seconds between looks for an epoch's end, where a sample is taken (0.05)",
+    )
+    parser.add_argument("--train-images", type=int, default=4, help="generated records (4)")
+    parser.add_argument("--val-images", type=int, default=2, help="validation records (2)")
+    parser.add_argument("--input-size", type=int, default=64, help="square input (64)")
+    parser.add_argument("--batch-size", type=int, default=2, help="images per step (2)")
+    parser.add_argument(
+        "--flags",
+        default="",
+        metavar="FLAGS",
+        help="yolo3 train flags added to the run, one quoted string (--flags='--map-every 10')",
+    )
+    parser.add_argument("--work", help="keep the records, log folder and log here")
+    parser.add_argument("--timeout", type=float, help="seconds before the run is stopped")
+    parser.add_argument("--json", metavar="PATH", help="also save the figures and samples")
+    parser.set_defaults(handler=_run_soak)
+
+
 def build_parser():
     parser = ArgumentParser(description="Benchmarks of the training input and step.")
     subparsers = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
@@ -608,6 +656,7 @@ def build_parser():
     _add_predict(subparsers)
     _add_recipe(subparsers)
     _add_accuracy(subparsers)
+    _add_soak(subparsers)
     return parser
 
 

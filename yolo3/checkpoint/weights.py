@@ -60,12 +60,12 @@ def _cache_keras_skipsets():
     Keras 3.15's ``get_attr_skipset`` caches each set as ``saving_attr_skipset_<type>`` but
     looks for ``saving_attr_skiplist_<type>``: every save builds its reference objects again,
     an ``Optimizer(1.0)`` among them for a model with an optimizer (a backup, the training
-    state). That optimizer's name is new each time (``optimizer_12``), hence the names of its two
-    variables, and TensorFlow's eager kernel cache keeps a kernel for each variable name
-    (about 36 KB) until the process ends: 72 KB a file, 14 MB per 100 epochs of a run that
-    writes a backup and a training state each epoch. Each set is built once per thread and
-    session (Keras keeps them in its thread-local global state, cleared by
-    ``keras.backend.clear_session``); harmless once Keras reads the key it writes.
+    state). That optimizer's name is new each time (``optimizer_12``), hence its two
+    variables', and TensorFlow's eager kernel cache keeps a kernel for each variable of a
+    new name (about 36 KB) until the process ends: 72 KB a file, 14 MB per 100 epochs of a
+    run that writes a backup and a training state each epoch. Each set is built once per
+    thread and session (Keras keeps them in its thread-local global state, which
+    ``keras.backend.clear_session`` empties); harmless once Keras reads the key it writes.
     """
     from keras.src.backend.common import global_state  # noqa: PLC0415
     from keras.src.saving import saving_lib  # noqa: PLC0415
