@@ -29,7 +29,7 @@ LEARNING_RATE = 0.01
 
 def run(replicas, images, boxes, initial):
     import keras
-    from helpers import SMALL_ANCHORS, micro_model
+    from helpers import SMALL_ANCHORS, make_head, micro_model
 
     from yolo3.engine.trainer import YoloTrainer
 
@@ -52,7 +52,7 @@ def run(replicas, images, boxes, initial):
         with strategy.scope():
             body = micro_model(size=SIZE, synchronized_bn=replicas > 1)
             body.set_weights(initial)
-            trainer = trainer_class(body, anchors=SMALL_ANCHORS, num_classes=2)
+            trainer = trainer_class(body, head=make_head(SMALL_ANCHORS, 2))
             trainer.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), jit_compile=False)
         trainer.fit(dataset, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
         for index, variable in enumerate(body.trainable_variables):
