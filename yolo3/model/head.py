@@ -14,14 +14,15 @@ import dataclasses
 import numpy as np
 
 from yolo3.model.resources import (
+    DEFAULT_ANCHOR_MASKS,
+    MODEL_TYPES,
     SCALE_X_Y,
     default_anchor_masks,
     model_type_for_anchors,
 )
 
-MODEL_TYPES = ("yolov3", "tiny")
-# Output levels of each model type, largest stride first.
-NUM_LEVELS = {"yolov3": 3, "tiny": 2}
+# Output levels of each model type: as many as Darknet's masks for its anchor count.
+NUM_LEVELS = {model_type_for_anchors(n): len(masks) for n, masks in DEFAULT_ANCHOR_MASKS.items()}
 
 # The keys of a checkpoint's or artifact's metadata that describe the head.
 METADATA_KEYS = (

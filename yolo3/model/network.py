@@ -15,6 +15,7 @@ import keras
 from keras import layers
 
 from yolo3.model.layers import SyncBatchNormalization
+from yolo3.model.resources import MODEL_TYPES
 
 # Darknet normalises with sqrt(variance) + 1e-6 (``normalize_cpu``); Keras uses
 # sqrt(variance + epsilon). With epsilon=1e-6 the two agree to ~1e-6 relative, while
@@ -22,7 +23,7 @@ from yolo3.model.layers import SyncBatchNormalization
 BN_EPSILON = 1e-6
 LEAKY_SLOPE = 0.1
 DEFAULT_WEIGHT_DECAY = 5e-4
-MODEL_TYPES = ("yolov3", "tiny")
+
 # The name each builder gives its model: how a built model says which architecture it is.
 MODEL_NAMES = {"yolov3": "yolo_body", "tiny": "tiny_yolo_body", "darknet53": "darknet53"}
 

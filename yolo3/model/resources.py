@@ -33,6 +33,10 @@ def shipped_anchors(model_type):
     return model_data_file(SHIPPED_ANCHORS[model_type])
 
 
+# The detectors this library builds (yolo3.model.network), each known by its anchor count
+# (model_type_for_anchors) and its levels (DEFAULT_ANCHOR_MASKS).
+MODEL_TYPES = ("yolov3", "tiny")
+
 # The input size of Darknet's COCO weights and of the original keras-yolo3: what the tools use
 # for a weights file that records none (a Darknet conversion without a fixed size).
 DARKNET_INPUT_SIZE = 416
