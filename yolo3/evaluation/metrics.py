@@ -190,9 +190,9 @@ def evaluate_voc(ground_truth, detections, *, num_classes, iou_threshold=0.5, us
     labels = [[] for _ in range(num_classes)]
     num_positives = np.zeros(num_classes, np.int64)
     num_detections = np.zeros(num_classes, np.int64)
-    for image_id, truth, found in _pair_images(ground_truth, detections):
-        gt_boxes, gt_classes, gt_difficult = _ground_truth_arrays(truth, image_id, num_classes)
-        det_boxes, det_scores, det_classes = _detection_arrays(found, image_id, num_classes)
+    for _, truth_arrays, detection_arrays in image_arrays(ground_truth, detections, num_classes):
+        gt_boxes, gt_classes, gt_difficult = truth_arrays
+        det_boxes, det_scores, det_classes = detection_arrays
         np.add.at(num_positives, gt_classes[~gt_difficult], 1)
         np.add.at(num_detections, det_classes, 1)
         for class_id in np.unique(det_classes):
@@ -450,6 +450,22 @@ def to_coco_results(image_id, detection, category_ids):
             detection["boxes"], detection["scores"], detection["classes"]
         )
     ]
+
+
+def image_arrays(ground_truth, detections, num_classes):
+    """Yields each image's checked arrays, in ground-truth order (inputs as in the module
+    docstring): ``(image_id, (gt_boxes (M, 4) float64, gt_classes (M,) int64, difficult (M,)
+    bool), (det_boxes (K, 4) float64, det_scores (K,) float64, det_classes (K,) int64))``.
+
+    Raises:
+        ValueError: naming the image and the box for a malformed box, class id or count.
+    """
+    for image_id, truth, found in _pair_images(ground_truth, detections):
+        yield (
+            image_id,
+            _ground_truth_arrays(truth, image_id, num_classes),
+            _detection_arrays(found, image_id, num_classes),
+        )
 
 
 def _pair_images(ground_truth, detections):

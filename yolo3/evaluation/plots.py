@@ -1,6 +1,7 @@
-"""PNG figures for evaluation, drawn with Pillow: precision/recall curves and image galleries.
+"""PNG figures for evaluation, drawn with Pillow: precision/recall curves, image galleries and
+the confusion matrix.
 
-Both write atomically (a killed run leaves no half-written PNG) and import neither TensorFlow
+All write atomically (a killed run leaves no half-written PNG) and import neither TensorFlow
 nor matplotlib. :func:`gallery_image` gives the gallery as a picture in memory (TensorBoard);
 its captions and legend come from :mod:`yolo3.drawing`, which
 :func:`yolo3.inference.detect.draw_detections` draws with too.
@@ -26,6 +27,10 @@ from yolo3.fileio import atomic_write
 GRID_COLOR = (225, 225, 225)
 RAW_CURVE_COLOR = (150, 180, 230)
 ENVELOPE_COLOR = (20, 70, 180)
+# The confusion matrix's colour scale runs from white (0) to this (a whole column).
+HEAT_COLOR = (8, 48, 107)
+# Labels longer than this are cut (with "~"), so that 80 COCO names leave room for the grid.
+MAX_LABEL_CHARS = 18
 
 
 def plot_pr_curve(recall, precision, ap, class_name, path, *, size=(480, 360)):
@@ -84,6 +89,68 @@ def plot_pr_curve(recall, precision, ap, class_name, path, *, size=(480, 360)):
         draw.text(to_pixels(0.5, 0.5), "no detections", fill=(0, 0, 0), font=font, anchor="mm")
     _save_png(image, path)
     return str(path)
+
+
+def plot_confusion_matrix(matrix, labels, path, *, title="", max_size=1100):
+    """Writes a confusion matrix as a heat map PNG; returns the path.
+
+    Args:
+        matrix: ``(L, L)`` counts, rows predicted, columns true (as
+            :func:`yolo3.evaluation.confusion.confusion_matrix` gives, L = C + 1).
+        labels: the L row and column names (class names, then "background").
+        path: the ``.png`` file to write.
+        title: a line above the grid (the thresholds, say).
+        max_size: the grid's side in pixels is at most this (cells are 12 to 56 pixels).
+
+    Each cell's colour is its share of its column (the true class's boxes: where they went),
+    so a rare class reads as clearly as a common one; the counts are written in the cells
+    when they are 28 pixels or wider (about 35 labels or fewer), and zeros are left blank.
+    """
+    matrix = np.asarray(matrix, np.int64)
+    size = len(labels)
+    if matrix.shape != (size, size):
+        raise ValueError(f"matrix has shape {matrix.shape} for {size} labels")
+    font = ImageFont.load_default()
+    names = [_cut(str(label)) for label in labels]
+    cell = int(np.clip(max_size // max(size, 1), 12, 56))
+    label_w = max(font.getbbox(name)[2] for name in names) + 8
+    left, top = label_w + 22, label_w + 22 + (18 if title else 0)
+    width, height = left + size * cell + 12, top + size * cell + 12
+    if title:
+        width = max(width, font.getbbox(title)[2] + 16)
+    image = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    column_totals = matrix.sum(axis=0)
+    shares = np.divide(matrix, column_totals, out=np.zeros(matrix.shape), where=column_totals > 0)
+    for row in range(size):
+        for column in range(size):
+            share = shares[row, column]
+            color = tuple(round(255 + (h - 255) * share) for h in HEAT_COLOR)
+            x0, y0 = left + column * cell, top + row * cell
+            draw.rectangle((x0, y0, x0 + cell, y0 + cell), fill=color, outline=GRID_COLOR)
+            count = int(matrix[row, column])
+            if cell >= 28 and count:
+                text = str(count)
+                if font.getbbox(text)[2] < cell - 2:
+                    ink = (255, 255, 255) if share > 0.5 else (0, 0, 0)
+                    center = (x0 + cell / 2, y0 + cell / 2)
+                    draw.text(center, text, fill=ink, font=font, anchor="mm")
+    draw.rectangle((left, top, left + size * cell, top + size * cell), outline=(0, 0, 0))
+    for index, name in enumerate(names):
+        middle = index * cell + cell // 2
+        draw.text((left - 4, top + middle), name, fill=(0, 0, 0), font=font, anchor="rm")
+        _vertical_text(image, name, (left + middle, top - 4), font, align="bottom")
+    draw.text((left + size * cell / 2, top - label_w - 14), "true", fill=(0, 0, 0),
+              font=font, anchor="mm")  # fmt: skip
+    _vertical_text(image, "predicted", (10, top + size * cell // 2), font)
+    if title:
+        draw.text((width / 2, 4), title, fill=(0, 0, 0), font=font, anchor="ma")
+    _save_png(image, path)
+    return str(path)
+
+
+def _cut(label):
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 1] + "~"
 
 
 def draw_gallery(
@@ -288,13 +355,15 @@ def _gallery_tile(image, truth, detection, class_names, tile_size, min_score, io
     return tile, set(det_classes.tolist())
 
 
-def _vertical_text(image, text, center, font):
-    """Pastes ``text`` rotated 90 degrees counter-clockwise, centred on ``center``."""
+def _vertical_text(image, text, center, font, *, align="middle"):
+    """Pastes ``text`` rotated 90 degrees counter-clockwise, centred on ``center``, or with
+    its end (the bottom once rotated) at ``center`` for ``align="bottom"``."""
     left, top, right, bottom = font.getbbox(text)
     label = Image.new("RGB", (right - left + 2, bottom - top + 2), BACKGROUND)
     ImageDraw.Draw(label).text((1 - left, 1 - top), text, fill=(0, 0, 0), font=font)
     label = label.rotate(90, expand=True)
-    image.paste(label, (center[0] - label.width // 2, center[1] - label.height // 2))
+    y = center[1] - (label.height if align == "bottom" else label.height // 2)
+    image.paste(label, (center[0] - label.width // 2, y))
 
 
 def _save_png(image, path):

@@ -8,7 +8,8 @@ Sources of ground truth:
   detector letterboxes them and maps its boxes back to original pixels.
 
 :func:`evaluate_model` runs the detector and scores it; :func:`write_report` writes the
-per-class table, a JSON summary, one precision-recall curve per class and a gallery.
+per-class table, a JSON summary, one precision-recall curve per class, a gallery and the
+confusion matrix.
 """
 
 import contextlib
@@ -26,6 +27,7 @@ from yolo3.data import records
 from yolo3.data.image import load_rgb
 from yolo3.evaluation import metrics as evaluate
 from yolo3.evaluation import plots
+from yolo3.evaluation.confusion import ConfusionMatrix
 from yolo3.fileio import atomic_write
 from yolo3.inference.detect import Detector
 
@@ -46,6 +48,9 @@ class Evaluation:
     class_names: list
     gallery: list = dataclasses.field(default_factory=list)  # (image, truth, detection)
     skipped: list = dataclasses.field(default_factory=list)  # messages of unusable inputs
+    # Which class each true box was taken for (yolo3.evaluation.confusion); None only for an
+    # Evaluation built by hand.
+    confusion: ConfusionMatrix | None = None
 
     @property
     def map50(self):
@@ -196,7 +201,10 @@ def evaluate_detector(
         coco_metrics = evaluate.evaluate_coco(
             truths, detections, num_classes=num_classes, class_names=class_names
         )
-    return Evaluation(voc, voc07, coco_metrics, len(truths), list(class_names), gallery, skipped)
+    confusion = ConfusionMatrix.count(truths, detections, num_classes)
+    return Evaluation(
+        voc, voc07, coco_metrics, len(truths), list(class_names), gallery, skipped, confusion
+    )
 
 
 def evaluate_coco_json(
@@ -292,7 +300,9 @@ def _coco_image(info, images_dir, annotation_file):
 
 
 def write_report(evaluation, output_dir, *, curves=True, gallery=True):
-    """Writes ``metrics.json``, ``table.txt``, ``pr/<class>.png`` and ``gallery.png``.
+    """Writes ``metrics.json``, ``table.txt``, ``pr/<class>.png`` and ``gallery.png``, and for
+    an evaluation with a confusion matrix ``confusion_matrix.csv`` and ``confusion_matrix.png``
+    (its counts are also in ``metrics.json`` under ``"confusion"``).
 
     Returns:
         The per-class table as text.
@@ -304,6 +314,9 @@ def write_report(evaluation, output_dir, *, curves=True, gallery=True):
     summary["mAP50_voc07"] = evaluation.voc07.mean_ap
     summary["num_images"] = evaluation.num_images
     summary["skipped"] = list(evaluation.skipped)
+    confusion = evaluation.confusion
+    if confusion is not None:
+        summary["confusion"] = confusion.to_json(names)
     fileio.write_json(os.path.join(output_dir, "metrics.json"), json_safe(summary))
     with atomic_write(os.path.join(output_dir, "table.txt")) as temp:
         with open(temp, "w", encoding="utf-8") as f:
@@ -322,6 +335,15 @@ def write_report(evaluation, output_dir, *, curves=True, gallery=True):
                 name,
                 os.path.join(curve_dir, f"{class_id:03d}-{_file_safe(name)}.png"),
             )
+    if confusion is not None:
+        fileio.write_text(os.path.join(output_dir, "confusion_matrix.csv"), confusion.to_csv(names))
+        plots.plot_confusion_matrix(
+            confusion.matrix,
+            confusion.labels(names),
+            os.path.join(output_dir, "confusion_matrix.png"),
+            title=f"rows predicted, columns true; IoU >= {confusion.iou_threshold:g}, "
+            f"score >= {confusion.score_threshold:g}; colour: share of the column",
+        )
     if gallery and evaluation.gallery:
         images, truths, found = zip(*evaluation.gallery)
         plots.draw_gallery(images, truths, found, names, os.path.join(output_dir, "gallery.png"))
