@@ -38,6 +38,7 @@ from .history import HISTORY_FILE, EpochHistory, read_history
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
 from .record_check import RecordSetCheck
+from .results import ResultsFiles, write_results
 from .schedule import CloseMosaic, FreezeSchedule, PlateauScale, TimeBudget
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "Preemption",
     "ProgressLines",
     "RecordSetCheck",
+    "ResultsFiles",
     "StopOnNonFinite",
     "TemplateCheckpoint",
     "Throughput",
@@ -65,4 +67,5 @@ __all__ = [
     "make_stop_flag",
     "read_history",
     "read_training_state",
+    "write_results",
 ]
