@@ -1,22 +1,23 @@
 """Datasets read where they lie, in the layouts other tools write: ``yolo3 preprocess
 --data PATH`` and ``yolo3 kmeans --data PATH``.
 
-=========  =================================================  ==========================
-format     ``--data``                                         module
-=========  =================================================  ==========================
-yolo       an Ultralytics ``data.yaml`` (Roboflow, CVAT)      :mod:`.ultralytics`
-darknet    a Darknet ``.data`` file                           :mod:`.darknet`
-coco       a COCO instances JSON, or a folder of them         :mod:`.coco`
-voc        a ``VOCdevkit`` or ``VOC<year>`` folder            :mod:`.voc`
-=========  =================================================  ==========================
+=========  ===================================================  ==========================
+format     ``--data``                                           module
+=========  ===================================================  ==========================
+yolo       an Ultralytics ``data.yaml`` (Roboflow, CVAT)        :mod:`.ultralytics`
+darknet    a Darknet ``.data`` file                             :mod:`.darknet`
+coco       a COCO instances JSON, or a folder of them           :mod:`.coco`
+voc        a ``VOCdevkit`` or ``VOC<year>`` folder              :mod:`.voc`
+=========  ===================================================  ==========================
 
 :func:`read_dataset` gives every format the same shape: the class names the dataset names,
-the training and validation splits as :class:`~yolo3.data.annotations.Entry` lists (boxes in
-original image pixels, as an annotation file's), and what was rejected, each naming its file
-and line. Every reader keeps to the bounds of :mod:`yolo3.data.limits` (line lengths, boxes
-per image, class ids, coordinates), so a hostile file ends as counted rejects or one error
-line. What preprocessing does next (the class filter, the record shards, the manifest)
-does not depend on the format.
+its splits (of :data:`SPLITS`: training, validation and test, those the dataset names and
+the caller asks for) as :class:`~yolo3.data.annotations.Entry` lists (boxes in original image
+pixels, as an annotation file's), and what was rejected, each naming its file and line.
+Every reader keeps to the bounds of :mod:`yolo3.data.limits` (line lengths, boxes per image,
+class ids, coordinates), so a hostile file ends as counted rejects or one error line. What
+preprocessing does next (the class filter, the record shards, the manifest) does not depend
+on the format.
 
 The readers are written here rather than taken from a conversion library (globox,
 supervision): those raise on the first bad line or skip it without a word, where a training
@@ -28,14 +29,22 @@ import collections
 import dataclasses
 import os
 
+# The splits a dataset may name, in this order: training, validation, test.
+SPLITS = ("train", "val", "test")
+# What read_dataset reads unless told: the splits training uses (preprocess, kmeans). A test
+# split is read only when asked for, so that its images cost nothing and its rejects do not
+# count against a training set.
+TRAINING_SPLITS = ("train", "val")
+
 
 @dataclasses.dataclass(frozen=True)
 class SourceDataset:
-    """A dataset as read: ``classes`` (names, in class id order), ``splits`` (``"train"``
-    and, where the dataset names one, ``"val"``: lists of
-    :class:`~yolo3.data.annotations.Entry`), ``rejects`` (:class:`~yolo3.data.annotations.
-    Reject` list) and ``counts`` (a Counter: ``images``, ``boxes``, ``background_images``,
-    ``rejected_boxes``, ``rejected_lines`` and the format's own)."""
+    """A dataset as read: ``classes`` (names, in class id order), ``splits`` (``{split:
+    [Entry, ...]}`` for each split asked for that the dataset names, keys of :data:`SPLITS`),
+    ``named`` (every split the dataset names, read or not, in :data:`SPLITS` order),
+    ``rejects`` (:class:`~yolo3.data.annotations.Reject` list) and ``counts`` (a Counter over
+    the splits read: ``images``, ``boxes``, ``background_images``, ``rejected_boxes``,
+    ``rejected_lines`` and the format's own)."""
 
     format: str
     path: str
@@ -43,6 +52,7 @@ class SourceDataset:
     splits: dict
     rejects: list
     counts: collections.Counter
+    named: tuple = ()
 
 
 def add_arguments(parser, *, data_help, group=None):
@@ -70,7 +80,7 @@ def detect_format(path):
     )
 
 
-def read_dataset(path, *, data_format=None, classes=None, image_root=None):
+def read_dataset(path, *, data_format=None, classes=None, image_root=None, splits=TRAINING_SPLITS):
     """Reads a dataset in any of :data:`FORMATS`.
 
     Args:
@@ -79,11 +89,17 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None):
         classes: class names to keep, for the formats that take them (VOC, whose files
             name classes but not their order); the others number their classes themselves.
         image_root: COCO's image folder, when it is not where the JSON's layout puts it.
+        splits: which of :data:`SPLITS` to read (default: :data:`TRAINING_SPLITS`); one the
+            dataset does not name is left out of the result's ``splits`` (its ``named``
+            tells which it has).
 
     Raises:
         ValueError: one line naming the file when the dataset cannot be read at all.
     """
     path = os.fspath(path)
+    unknown = [split for split in splits if split not in SPLITS]
+    if unknown:
+        raise ValueError(f"split {unknown[0]!r}: a dataset's splits are {', '.join(SPLITS)}")
     data_format = data_format or detect_format(path)
     entry = next((entry for entry in REGISTRY if entry.name == data_format), None)
     if entry is None:
@@ -94,18 +110,21 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None):
         )
     if not os.path.exists(path):
         raise ValueError(f"--data {path} does not exist")
-    names, splits, rejects, counts = entry.read(path, classes=classes, image_root=image_root)
-    return SourceDataset(data_format, path, list(names), splits, rejects, counts)
+    names, read, rejects, counts, named = entry.read(
+        path, classes=classes, image_root=image_root, splits=tuple(splits)
+    )
+    named = tuple(split for split in SPLITS if split in named)
+    return SourceDataset(data_format, path, list(names), read, rejects, counts, named)
 
 
-def _read_yolo_layout(path, data_format):
+def _read_yolo_layout(path, data_format, splits):
     from yolo3.data.formats import darknet, ultralytics, yolo_labels  # noqa: PLC0415
 
     if data_format == "yolo":
-        names, listed, label_folders, rejects = ultralytics.read(path)
+        names, listed, label_folders, rejects, named = ultralytics.read(path, splits)
         label_of, skip = yolo_labels.label_path, []
     else:
-        names, listed, label_folders, skip, rejects = darknet.read(path)
+        names, listed, label_folders, skip, rejects, named = darknet.read(path, splits)
         label_of = darknet.label_path
     counts, splits = collections.Counter(), {}
     counts["rejected_lines"] += len(rejects)  # list files' lines too long to be a path
@@ -124,7 +143,7 @@ def _read_yolo_layout(path, data_format):
     orphans = yolo_labels.orphan_labels(label_folders, claimed)
     rejects.extend(orphans)
     counts["rejected_lines"] += len(orphans)
-    return names, splits, rejects, counts
+    return names, splits, rejects, counts, named
 
 
 def _has_suffix(*suffixes):
@@ -148,24 +167,25 @@ def _is_coco(path):
     return _has_suffix(".json")(path) or (os.path.isdir(path) and not _is_voc(path))
 
 
-def _read_coco(path, *, classes, image_root):
+def _read_coco(path, *, classes, image_root, splits):
     from yolo3.data.formats import coco  # noqa: PLC0415
 
-    return coco.read(path, image_root)
+    return coco.read(path, image_root, splits)
 
 
-def _read_voc(path, *, classes, image_root):
+def _read_voc(path, *, classes, image_root, splits):
     from yolo3.data.formats import voc  # noqa: PLC0415
 
-    return voc.read(path, classes)
+    return voc.read(path, classes, splits)
 
 
 @dataclasses.dataclass(frozen=True)
 class DatasetFormat:
     """One format of :data:`REGISTRY`: its ``name`` (``--data-format``), ``recognises(path)``
-    (whether a ``--data`` path is one), ``read(path, classes=, image_root=)`` giving
-    ``(names, splits, rejects, counts)`` as :class:`SourceDataset` holds them, and whether
-    it ``takes_classes`` (``--classes``)."""
+    (whether a ``--data`` path is one), ``read(path, classes=, image_root=, splits=)`` giving
+    ``(names, splits, rejects, counts, named)`` as :class:`SourceDataset` holds them (only
+    the ``splits`` asked for are read; ``named`` is every split the dataset names), and
+    whether it ``takes_classes`` (``--classes``)."""
 
     name: str
     recognises: object
@@ -178,10 +198,12 @@ REGISTRY = (
     DatasetFormat(
         "yolo",
         _has_suffix(".yaml", ".yml"),
-        lambda path, **_: _read_yolo_layout(path, "yolo"),
+        lambda path, *, splits, **_: _read_yolo_layout(path, "yolo", splits),
     ),
     DatasetFormat(
-        "darknet", _has_suffix(".data"), lambda path, **_: _read_yolo_layout(path, "darknet")
+        "darknet",
+        _has_suffix(".data"),
+        lambda path, *, splits, **_: _read_yolo_layout(path, "darknet", splits),
     ),
     DatasetFormat("coco", _is_coco, _read_coco),
     DatasetFormat("voc", _is_voc, _read_voc, takes_classes=True),
@@ -193,6 +215,8 @@ __all__ = [
     "DatasetFormat",
     "FORMATS",
     "REGISTRY",
+    "SPLITS",
+    "TRAINING_SPLITS",
     "SourceDataset",
     "add_arguments",
     "detect_format",

@@ -2,9 +2,20 @@
 folder of its images.
 
 ``--data`` names the JSON file, or a folder laid out as COCO (``annotations/instances_
-train*.json`` and ``instances_val*.json``) or as Roboflow exports COCO (``train/_annotations.
-coco.json``, ``valid/_annotations.coco.json``). Given a training JSON whose name holds
-``train``, the JSON of the same name with ``val`` beside it is the validation split.
+train*.json`` and ``instances_val*.json``) or as Roboflow exports COCO (``train/``,
+``valid/`` and ``test/``, each holding ``_annotations.coco.json`` beside its images), or one
+such split folder. The splits are found from the one named (:func:`find_files`):
+
+- a JSON in a folder named as a split (``train``, ``valid``/``val``/``validation``,
+  ``test``; any case) is that split, and the JSON of the same name in each sibling folder
+  named as a split is that one (``rf/train/_annotations.coco.json`` names the whole
+  Roboflow export);
+- any other JSON is the training split; where its name holds ``train``, the JSON of the same
+  name with ``val`` beside it is the validation split, and with ``test`` the test split
+  (``instances_train2017.json`` -> ``instances_val2017.json``).
+
+Each split's images are found from its own JSON (below), and only the splits asked for are
+read.
 
 Images are looked for in ``--image-root`` when given, else in the first of these folders
 that holds the first image the JSON lists: the JSON's own folder (Roboflow), its ``images``
@@ -44,32 +55,80 @@ from yolo3.data.limits import excerpt
 ROBOFLOW_FILE = "_annotations.coco.json"
 
 
+# Folder names of a Roboflow-style export, by split, lower case.
+SPLIT_FOLDERS = {
+    "train": ("train", "training"),
+    "val": ("valid", "val", "validation"),
+    "test": ("test",),
+}
+
+
+def _split_of_folder(name):
+    """The split a folder ``name`` names (any case), or None."""
+    return next((split for split, names in SPLIT_FOLDERS.items() if name.lower() in names), None)
+
+
+def _split_folders(parent):
+    """``{split: folder}`` of the folders in ``parent`` named as splits (the first name of
+    :data:`SPLIT_FOLDERS` found where several are)."""
+    found = {}
+    entries = {name.lower(): name for name in sorted(os.listdir(parent))}
+    for split, names in SPLIT_FOLDERS.items():
+        for name in names:
+            if name in entries and os.path.isdir(os.path.join(parent, entries[name])):
+                found[split] = os.path.join(parent, entries[name])
+                break
+    return found
+
+
+def _siblings(path):
+    """``{split: json}`` of a JSON in a folder named as a split and the JSONs of the same
+    name in its sibling split folders; None when its folder names no split."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if _split_of_folder(os.path.basename(folder)) is None:
+        return None
+    found = {}
+    for split, split_folder in _split_folders(os.path.dirname(folder)).items():
+        candidate = os.path.join(split_folder, name)
+        if os.path.isfile(candidate):
+            found[split] = candidate
+    found[_split_of_folder(os.path.basename(folder))] = path  # as given, not resolved
+    return found
+
+
 def find_files(path):
-    """``{split: json_path}`` for ``--data`` (see the module docstring)."""
+    """``{split: json_path}`` for ``--data``, in :data:`SPLIT_FOLDERS` order (see the
+    module docstring)."""
     if os.path.isdir(path):
-        for train_name in ("train", "training"):
-            train = os.path.join(path, train_name, ROBOFLOW_FILE)
-            if os.path.isfile(train):
-                found = {"train": train}
-                for val_name in ("valid", "val", "validation"):
-                    val = os.path.join(path, val_name, ROBOFLOW_FILE)
-                    if os.path.isfile(val):
-                        found["val"] = val
-                        break
-                return found
-        trains = sorted(glob.glob(os.path.join(path, "annotations", "instances_train*.json")))
-        if not trains:
-            raise ValueError(
-                f"{path}: no annotations/instances_train*.json nor train/{ROBOFLOW_FILE}; "
-                "give --data the COCO JSON file itself"
+        if os.path.isfile(os.path.join(path, ROBOFLOW_FILE)):
+            path = os.path.join(path, ROBOFLOW_FILE)  # one split folder of an export
+        else:
+            exported = {
+                split: os.path.join(folder, ROBOFLOW_FILE)
+                for split, folder in _split_folders(path).items()
+                if os.path.isfile(os.path.join(folder, ROBOFLOW_FILE))
+            }
+            if exported:
+                return exported
+            trains = sorted(
+                glob.glob(os.path.join(glob.escape(path), "annotations", "instances_train*.json"))
             )
-        path = trains[0]
+            if not trains:
+                raise ValueError(
+                    f"{path}: no annotations/instances_train*.json nor train/{ROBOFLOW_FILE}; "
+                    "give --data the COCO JSON file itself"
+                )
+            path = trains[0]
+    siblings = _siblings(path)
+    if siblings is not None:
+        return {split: siblings[split] for split in SPLIT_FOLDERS if split in siblings}
     found = {"train": path}
     folder, name = os.path.split(path)
     if "train" in name:
-        val = os.path.join(folder, name.replace("train", "val", 1))
-        if os.path.isfile(val):
-            found["val"] = val
+        for split in ("val", "test"):
+            candidate = os.path.join(folder, name.replace("train", split, 1))
+            if os.path.isfile(candidate):
+                found[split] = candidate
     return found
 
 
@@ -117,15 +176,30 @@ def categories(datasets):
     for (path, _), other in zip(datasets[1:], lists[1:]):
         if [(c["id"], c["name"]) for c in other] != [(c["id"], c["name"]) for c in first]:
             raise ValueError(f"{path}: its categories differ from those of {first_path}")
-    used = {
+    used = _used_categories(datasets)
+    parents = {c.get("supercategory") for c in first}
+    kept = [c for c in first if c["id"] in used or c["name"] not in parents]
+    return [c["id"] for c in kept], [str(c["name"]) for c in kept]
+
+
+def _used_categories(datasets):
+    return {
         _key(a.get("category_id"))
         for _, data in datasets
         for a in data["annotations"]
         if isinstance(a, dict)
     }
-    parents = {c.get("supercategory") for c in first}
-    kept = [c for c in first if c["id"] in used or c["name"] not in parents]
-    return [c["id"] for c in kept], [str(c["name"]) for c in kept]
+
+
+def _undecided(datasets):
+    """Whether :func:`categories` over ``datasets`` alone could leave out a category that
+    another split uses: one named as a supercategory and unused in these."""
+    used = _used_categories(datasets)
+    for _, data in datasets:
+        parents = {c.get("supercategory") for c in data["categories"]}
+        if any(c["name"] in parents and c["id"] not in used for c in data["categories"]):
+            return True
+    return False
 
 
 def image_folder(data, path, image_root):
@@ -239,15 +313,26 @@ def _box(bbox):
     return values
 
 
-def read(path, image_root=None):
-    """``(names, {split: entries}, rejects, counts)`` of a COCO dataset."""
+def read(path, image_root=None, splits=("train", "val")):
+    """``(names, {split: entries}, rejects, counts, named)`` of a COCO dataset: the entries of
+    each of ``splits`` it has, ``named`` every split it has.
+
+    The classes are decided over the splits read, and over the others too where those could
+    change them (a category named as a supercategory that the splits read do not use): class
+    ids stay the same whichever splits are asked for.
+    """
     files = find_files(path)
-    loaded = [(file, load(file)) for file in files.values()]
-    category_ids, names = categories(loaded)
+    wanted = [split for split in files if split in splits]
+    loaded = {split: (files[split], load(files[split])) for split in wanted}
+    others = [split for split in files if split not in loaded]
+    deciding = list(loaded.values())
+    if others and (not deciding or _undecided(deciding)):
+        deciding += [(files[split], load(files[split])) for split in others]
+    category_ids, names = categories(deciding)
     if not names:
-        raise ValueError(f"{files['train']}: no categories; a COCO file lists them")
-    splits, rejects, counts = {}, [], collections.Counter()
-    for split, (file, data) in zip(files, loaded):
-        splits[split], split_rejects = read_split(file, data, category_ids, image_root, counts)
+        raise ValueError(f"{deciding[0][0]}: no categories; a COCO file lists them")
+    read_splits, rejects, counts = {}, [], collections.Counter()
+    for split, (file, data) in loaded.items():
+        read_splits[split], split_rejects = read_split(file, data, category_ids, image_root, counts)
         rejects.extend(split_rejects)
-    return names, splits, rejects, counts
+    return names, read_splits, rejects, counts, list(files)

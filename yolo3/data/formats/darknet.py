@@ -19,7 +19,8 @@ Each image's labels are the YOLO label file Darknet itself looks for: a ``JPEGIm
 folder in the path becomes ``labels`` (VOC as Darknet's ``voc_label.py`` writes it), else an
 ``images`` folder does, else the file lies beside the image (``data/obj/a.jpg`` ->
 ``data/obj/a.txt``, the custom-data layout). ``classes``, when given, must equal the number
-of names. ``valid`` becomes the validation split.
+of names. ``valid`` becomes the validation split. Darknet reads no test list; a ``test =``
+line, which Darknet ignores, is read as the test split. A split is read only when asked for.
 
 The dataset's own folders are the ``.data`` file's, the one above it and each list file's:
 a listed image elsewhere (``../../x.jpg``, ``/x.jpg``) is read with its own label file, and
@@ -77,10 +78,11 @@ def _locate(text, bases):
     return next((c for c in candidates if os.path.exists(c)), candidates[0])
 
 
-def read(path):
+def read(path, splits=("train", "val")):
     """The layout of a ``.data`` file: ``(names, {split: [(image, source, line)]},
-    label_folders, skip, rejects)``; ``skip`` are the list files themselves (not label
-    files), ``rejects`` the list files' lines that were skipped."""
+    label_folders, skip, rejects, named)`` for each of ``splits`` the file names; ``skip``
+    are the list files themselves (not label files), ``rejects`` the list files' lines that
+    were skipped, ``named`` every split the file names."""
     settings = read_settings(path)
     folder = os.path.dirname(os.path.abspath(path))
     bases = [os.getcwd(), folder, os.path.dirname(folder)]
@@ -103,11 +105,16 @@ def read(path):
         raise ValueError(
             f"{path}: classes = {excerpt(declared)} but {names_path} names {len(names)} classes"
         )
-    splits, label_folders, skip, rejects = {}, [], [], []
-    for split, key in (("train", "train"), ("val", "valid")):
-        if not settings.get(key):
-            continue
+    keys = {"train": "train", "val": "valid", "test": "test"}
+    named = [split for split, key in keys.items() if settings.get(key)]
+    listed_splits, label_folders, skip, rejects = {}, [], [], []
+    for split in named:
+        key = keys[split]
         list_path = _locate(settings[key], bases)
+        if split not in splits:
+            # Unread, but a list file, not a label file without an image.
+            skip.append(list_path)
+            continue
         if not os.path.isfile(list_path):
             raise ValueError(
                 f"{path}: {key} list {excerpt(settings[key])} not found (looked for "
@@ -119,9 +126,9 @@ def read(path):
         listed, list_rejects = yolo_labels.list_file(
             list_path, lambda text, bases=list_bases: _locate(text, bases)
         )
-        splits[split] = listed
+        listed_splits[split] = listed
         rejects.extend(list_rejects)
         roots = [folder, os.path.dirname(folder), list_folder]
         images = [image for image, _, _ in listed]
         label_folders.extend(yolo_labels.label_folders(images, roots, label_path))
-    return names, splits, label_folders, skip, rejects
+    return names, listed_splits, label_folders, skip, rejects, named

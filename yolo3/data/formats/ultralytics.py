@@ -16,8 +16,10 @@ exist is tried without it, as Ultralytics does for Roboflow's exports (``train:
 
 A folder contributes every image below it (sorted paths); a ``.txt`` list file one image
 per line, relative lines from the list file's folder. Each image's labels are found by
-:func:`~yolo3.data.formats.yolo_labels.label_path`. ``val`` becomes the validation split
-(``test`` is not read). ``nc``, when given, must equal the number of names.
+:func:`~yolo3.data.formats.yolo_labels.label_path`. ``val`` becomes the validation split and
+``test`` the test split; a split is read only when asked for, so a ``test:`` naming a folder
+that does not exist is no error until the test split is asked for. ``nc``, when given, must
+equal the number of names.
 
 The yaml file names the dataset's folders, and those are read as it names them. A line of a
 list file that leads out of them (``../../x.png``, ``/x.png``) names that one image: its own
@@ -173,10 +175,11 @@ def list_file(path):
     return yolo_labels.list_file(path, locate)
 
 
-def read(path):
+def read(path, splits=("train", "val")):
     """The layout of a ``data.yaml``: ``(names, {split: [(image, source, line)]},
-    label_folders, rejects)``; the labels follow
-    :func:`~yolo3.data.formats.yolo_labels.label_path`, ``rejects`` are list files' lines."""
+    label_folders, rejects, named)`` for each of ``splits`` the file names; the labels follow
+    :func:`~yolo3.data.formats.yolo_labels.label_path`, ``rejects`` are list files' lines,
+    ``named`` every split the file names (``train``, ``val``, ``test``)."""
     data = read_yaml(path)
     names = class_names(data, path)
     root = os.path.dirname(os.path.abspath(path))
@@ -184,12 +187,13 @@ def read(path):
         root = os.path.normpath(os.path.join(root, str(data["path"])))
     if not data.get("train"):
         raise ValueError(f"{path}: no train entry; add train: images/train (a folder or list)")
-    splits, folders, rejects = {}, [], []
-    for split in ("train", "val"):
-        if data.get(split):
-            splits[split], split_folders, split_rejects = list_images(
+    named = [split for split in ("train", "val", "test") if data.get(split)]
+    listed, folders, rejects = {}, [], []
+    for split in named:
+        if split in splits:
+            listed[split], split_folders, split_rejects = list_images(
                 data[split], root, path, split
             )
             folders.extend(split_folders)
             rejects.extend(split_rejects)
-    return names, splits, folders, rejects
+    return names, listed, folders, rejects, named

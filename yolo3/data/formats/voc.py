@@ -4,7 +4,10 @@ image sets, ``Annotations/<id>.xml`` and ``JPEGImages/<id>.jpg``.
 The splits are the devkit's own: where a year has a ``test`` set (VOC2007), training reads
 every year's ``trainval`` and validation the ``test`` sets, as Darknet's and Ultralytics'
 VOC recipes do; otherwise training reads the ``train`` sets (``trainval`` where there is no
-``train``) and validation the ``val`` sets.
+``train``) and validation the ``val`` sets. The ``test`` sets are also the test split, so
+that ``--split test`` names VOC2007 test as it is published (the same images as
+validation where they are validation). Only the splits asked for are read, each image set
+file once.
 
 Classes: ``--classes`` when given (objects of other classes are rejected,
 ``unknown_class``); else the 20 VOC classes in their usual order when every name found is
@@ -87,7 +90,8 @@ def year_folders(path):
 
 
 def image_sets(folders):
-    """``{split: [set_file, ...]}`` by the rule of the module docstring."""
+    """``{split: [set_file, ...]}`` by the rule of the module docstring, ``"test"`` included
+    where a year has a test set."""
 
     def set_file(folder, name):
         path = os.path.join(folder, "ImageSets", "Main", f"{name}.txt")
@@ -100,6 +104,7 @@ def image_sets(folders):
                 splits["train"].append(set_file(folder, "trainval"))
             if set_file(folder, "test"):
                 splits["val"].append(set_file(folder, "test"))
+                splits["test"].append(set_file(folder, "test"))
     else:
         for folder in folders:
             train = set_file(folder, "train") or set_file(folder, "trainval")
@@ -161,40 +166,46 @@ def class_names(found):
     return voc if set(found) <= set(voc) else sorted(found)
 
 
-def read(path, classes=None):
-    """``(names, {split: entries}, rejects, counts)`` of a VOC dataset."""
+def read(path, classes=None, splits=("train", "val")):
+    """``(names, {split: entries}, rejects, counts, named)`` of a VOC dataset: the entries of
+    each of ``splits`` it has, ``named`` every split it has. Without ``classes``, the class
+    names are found in the splits read."""
     folders = year_folders(path)
     counts = collections.Counter()
-    read_sets = {
-        split: [(set_path, _read_set(set_path, counts)) for set_path in set_paths]
-        for split, set_paths in image_sets(folders).items()
-    }
+    named = image_sets(folders)
+    # set file -> its lines, read once: validation and test may be the same files.
+    lines = {set_path: None for split in named if split in splits for set_path in named[split]}
+    for set_path in lines:
+        lines[set_path] = _read_set(set_path, counts)
     if classes is None:
         found = {
             name
-            for sets in read_sets.values()
-            for _, listed in sets
+            for listed in lines.values()
             for _, _, objects, _ in listed
             for name, _, _ in objects or ()
         }
         classes = class_names(found)
     class_ids = {name: index for index, name in enumerate(classes)}
-    splits, rejects = {}, []
-    for split, sets in read_sets.items():
-        entries = splits.setdefault(split, [])
-        for set_path, listed in sets:
-            folder = os.path.dirname(os.path.dirname(os.path.dirname(set_path)))
-            for image_id, number, objects, reject in listed:
-                if reject is not None:
-                    rejects.append(reject)
-                    continue
-                entry, image_rejects = _entry(
-                    folder, image_id, objects, class_ids, set_path, number, counts
-                )
-                rejects.extend(image_rejects)
-                if entry is not None:
-                    entries.append(entry)
-    return list(classes), splits, rejects, counts
+    entries, rejects = {}, []  # set file -> its entries
+    for set_path, listed in lines.items():
+        folder = os.path.dirname(os.path.dirname(os.path.dirname(set_path)))
+        kept = entries[set_path] = []
+        for image_id, number, objects, reject in listed:
+            if reject is not None:
+                rejects.append(reject)
+                continue
+            entry, image_rejects = _entry(
+                folder, image_id, objects, class_ids, set_path, number, counts
+            )
+            rejects.extend(image_rejects)
+            if entry is not None:
+                kept.append(entry)
+    read_splits = {
+        split: [entry for set_path in set_paths for entry in entries[set_path]]
+        for split, set_paths in named.items()
+        if split in splits
+    }
+    return list(classes), read_splits, rejects, counts, list(named)
 
 
 def _entry(folder, image_id, objects, class_ids, set_path, number, counts):
