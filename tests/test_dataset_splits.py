@@ -135,6 +135,34 @@ def test_a_test_entry_that_does_not_exist_matters_only_when_asked_for(tmp_path):
         formats.read_dataset(root / "data.yaml", splits=("tset",))
 
 
+def test_a_folder_holding_data_yaml_is_read_as_yolo(tmp_path):
+    root = _yolo_export(tmp_path / "rf")
+    assert formats.detect_format(root) == "yolo"
+    _assert_splits(formats.read_dataset(root, splits=formats.SPLITS))
+    # Another name: the one yaml that names train and names; other yaml files are not it.
+    (root / "data.yaml").rename(root / "parts.yml")
+    (root / "notes.yaml").write_text("owner: someone\n")
+    assert formats.read_dataset(root).format == "yolo"
+    (root / "copy.yaml").write_text((root / "parts.yml").read_text())
+    with pytest.raises(ValueError, match=r"holds copy.yaml and parts.yml; give --data the one"):
+        formats.detect_format(root)
+
+
+def test_a_folder_of_no_format_is_one_line_naming_what_was_looked_for(tmp_path, capsys):
+    (tmp_path / "photos").mkdir()
+    _image(tmp_path / "photos" / "a.jpg", 8, 8)
+    with pytest.raises(ValueError) as raised:
+        formats.detect_format(tmp_path / "photos")
+    message = str(raised.value)
+    assert "\n" not in message
+    for looked_for in ("data.yaml (yolo)", "_annotations.coco.json (coco)", "VOC<year>/ (voc)"):
+        assert looked_for in message
+    argv = ["--data", str(tmp_path / "photos"), "--output", str(tmp_path / "out")]
+    assert preprocess_tool.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --data ")
+
+
 @pytest.mark.parametrize(
     "named",
     ["rf", "rf/train/_annotations.coco.json", "rf/Valid/_annotations.coco.json", "rf/Test"],
@@ -240,7 +268,7 @@ def test_preprocess_reads_train_and_val_only(tmp_path):
     root = _yolo_export(tmp_path / "rf")
     (root / "test" / "labels" / "d.txt").write_text("7 0.5 0.5 0.1 0.1\n")  # bad, unread
     output = tmp_path / "records"
-    argv = ["--data", str(root / "data.yaml"), "--output", str(output), "--input-size", "32"]
+    argv = ["--data", str(root), "--output", str(output), "--input-size", "32"]
     argv += ["--copies", "0", "--workers", "1", "--progress", "off", "--strict"]
     assert preprocess_tool.main(argv) == 0
     manifest = json.loads((output / "manifest.json").read_text())

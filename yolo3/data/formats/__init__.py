@@ -4,7 +4,8 @@
 =========  ===================================================  ==========================
 format     ``--data``                                           module
 =========  ===================================================  ==========================
-yolo       an Ultralytics ``data.yaml`` (Roboflow, CVAT)        :mod:`.ultralytics`
+yolo       an Ultralytics ``data.yaml`` (Roboflow, CVAT), or    :mod:`.ultralytics`
+           the folder holding it
 darknet    a Darknet ``.data`` file                             :mod:`.darknet`
 coco       a COCO instances JSON, or a folder of them           :mod:`.coco`
 voc        a ``VOCdevkit`` or ``VOC<year>`` folder              :mod:`.voc`
@@ -74,6 +75,13 @@ def detect_format(path):
     for entry in REGISTRY:
         if entry.recognises(path):
             return entry.name
+    if os.path.isdir(path):
+        raise ValueError(
+            f"--data {path}: a folder of none of the formats; looked for a data.yaml (yolo), "
+            f"annotations/instances_*.json or train/, valid/, test/ holding "
+            f"_annotations.coco.json (coco), Annotations/ or VOC<year>/ (voc); give --data "
+            "the dataset's file itself"
+        )
     raise ValueError(
         f"--data {path}: cannot tell its format from the name; give --data-format "
         f"({', '.join(FORMATS)})"
@@ -161,10 +169,35 @@ def _is_voc(path):
     )
 
 
+def _is_yolo(path):
+    """A ``.yaml``/``.yml`` file, or a folder holding a dataset's one (a Roboflow YOLO
+    export)."""
+    from yolo3.data.formats import ultralytics  # noqa: PLC0415
+
+    return _has_suffix(".yaml", ".yml")(path) or (
+        os.path.isdir(path) and ultralytics.find_yaml(path) is not None
+    )
+
+
+def _read_yolo(path, *, splits, **_):
+    from yolo3.data.formats import ultralytics  # noqa: PLC0415
+
+    if os.path.isdir(path):
+        found = ultralytics.find_yaml(path)
+        if found is None:
+            raise ValueError(f"--data {path}: no data.yaml in this folder; give the yaml file")
+        path = found
+    return _read_yolo_layout(path, "yolo", splits)
+
+
 def _is_coco(path):
     """A COCO JSON, or a folder of them (``annotations/instances_*.json``, a Roboflow
     export) that is not a VOC folder."""
-    return _has_suffix(".json")(path) or (os.path.isdir(path) and not _is_voc(path))
+    from yolo3.data.formats import coco  # noqa: PLC0415
+
+    return _has_suffix(".json")(path) or (
+        os.path.isdir(path) and not _is_voc(path) and coco.holds_coco(path)
+    )
 
 
 def _read_coco(path, *, classes, image_root, splits):
@@ -195,11 +228,7 @@ class DatasetFormat:
 
 # Every format --data reads; a new one is a reader module and one entry here.
 REGISTRY = (
-    DatasetFormat(
-        "yolo",
-        _has_suffix(".yaml", ".yml"),
-        lambda path, *, splits, **_: _read_yolo_layout(path, "yolo", splits),
-    ),
+    DatasetFormat("yolo", _is_yolo, _read_yolo),
     DatasetFormat(
         "darknet",
         _has_suffix(".data"),

@@ -96,6 +96,18 @@ def _siblings(path):
     return found
 
 
+def holds_coco(folder):
+    """Whether ``folder`` is laid out as a COCO dataset :func:`find_files` reads."""
+    return bool(
+        os.path.isfile(os.path.join(folder, ROBOFLOW_FILE))
+        or any(
+            os.path.isfile(os.path.join(split_folder, ROBOFLOW_FILE))
+            for split_folder in _split_folders(folder).values()
+        )
+        or glob.glob(os.path.join(glob.escape(folder), "annotations", "instances_*.json"))
+    )
+
+
 def find_files(path):
     """``{split: json_path}`` for ``--data``, in :data:`SPLIT_FOLDERS` order (see the
     module docstring)."""

@@ -21,6 +21,10 @@ per line, relative lines from the list file's folder. Each image's labels are fo
 that does not exist is no error until the test split is asked for. ``nc``, when given, must
 equal the number of names.
 
+``--data`` may also name the folder of the yaml file (a Roboflow YOLO export unzipped):
+:func:`find_yaml` takes its ``data.yaml`` (or ``data.yml``), else its one ``.yaml`` file
+that holds ``names`` and ``train``.
+
 The yaml file names the dataset's folders, and those are read as it names them. A line of a
 list file that leads out of them (``../../x.png``, ``/x.png``) names that one image: its own
 label file is read, its folder is not searched for others.
@@ -173,6 +177,37 @@ def list_file(path):
         return text if os.path.isabs(text) else os.path.normpath(os.path.join(folder, text))
 
     return yolo_labels.list_file(path, locate)
+
+
+def find_yaml(folder):
+    """The dataset file of ``folder``: its ``data.yaml`` or ``data.yml``, else its one
+    ``*.yaml``/``*.yml`` file holding ``names`` and ``train``; None when it has none.
+    ValueError naming the files when more than one is a candidate."""
+    names = sorted(os.listdir(folder))
+    found = [name for name in names if name in ("data.yaml", "data.yml")]
+    if not found:
+        found = [
+            name
+            for name in names
+            if os.path.splitext(name)[1].lower() in (".yaml", ".yml")
+            and _names_a_dataset(os.path.join(folder, name))
+        ]
+    if len(found) > 1:
+        raise ValueError(
+            f"--data {folder}: holds {' and '.join(found)}; give --data the one to read"
+        )
+    return os.path.join(folder, found[0]) if found else None
+
+
+def _names_a_dataset(path):
+    """Whether ``path`` is a readable yaml mapping with ``names`` and ``train``."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        data = read_yaml(path)
+    except (OSError, ValueError):  # not a dataset file: some other yaml in the folder
+        return False
+    return "names" in data and "train" in data
 
 
 def read(path, splits=("train", "val")):
