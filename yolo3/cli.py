@@ -8,6 +8,7 @@ traceback; an unexpected error keeps its traceback, because it is a bug to repor
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import os
 import sys
@@ -65,6 +66,14 @@ def start_tensorflow():
 
 class HelpFormatter(argparse.HelpFormatter):
     """Every option's default in ``--help``, unless its help already says it or it has none."""
+
+    def _format_action(self, action):
+        # argparse expands an option's help only when there is some: an option declared
+        # without help would show no default. Such an option gets "default: ..." as its help.
+        if not action.help and self._get_help_string(action):
+            action = copy.copy(action)
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
 
     def _get_help_string(self, action):
         text = action.help or ""
