@@ -6,11 +6,13 @@ machine), the cheap ones run (`--help`, `kmeans` and `preprocess` on a few gener
 images), and its links into docs/ point at pages and headings that exist. The site is built
 with `mkdocs build --strict` (warnings as errors: a broken internal link, a page left out of
 the nav, a docstring mkdocstrings cannot read), and its API reference has a page for every
-public module of the package.
+public module of the package. The front pages' headline figures (the demo's mAP and time, the
+suite's time) are those of docs/data/headline.json, their one home.
 """
 
 import importlib
 import importlib.util
+import json
 import pkgutil
 import re
 import shlex
@@ -234,6 +236,137 @@ def test_plots_draw_from_the_committed_json():
     assert {figure.name for figure in figures} == {"scaling", "detect", "prediction", "accuracy"}
     for figure in figures:
         assert figure.svg.startswith(b"<?xml") and b"<svg" in figure.svg
+
+
+# ---------------------------------------------------------------------------------------
+# Headline figures: one home, docs/data/headline.json
+
+HEADLINE = DOCS / "data" / "headline.json"
+# The pages that quote the demo's and the suite's latest figures as current.
+FIGURE_PAGES = ("README.md", "docs/index.md", "docs/getting-started.md")
+# What a clause that gives an older figure says; such a clause is not held to the file.
+OLDER = ("for comparison", "earlier", "before", "against", "with YOLOv3's loss")
+# A paragraph about these gives their figures (a table row counts as a paragraph).
+TOPICS = re.compile(r"\bdemo\b|test suite|quick tier|\btests\b")
+_NUMBER = r"\d+(?:\.\d+)?"
+_NUMBERS = rf"((?:{_NUMBER}(?:,? (?:to|and|or) |, ))*{_NUMBER})"  # "23 to 33", "25.4 and 26.2"
+FIGURES = {
+    "map50": re.compile(r"mAP@0\.5 (\d\.\d+)"),
+    "coco_ap": re.compile(r"COCO AP (\d\.\d+)"),
+    "minutes": re.compile(rf"{_NUMBERS} minutes"),
+    "seconds": re.compile(rf"{_NUMBERS} s\b"),
+    "tests": re.compile(r"(\d+) tests"),
+}
+
+
+def _headline():
+    return json.loads(HEADLINE.read_text(encoding="utf-8"))
+
+
+def _allowed(headline):
+    """``{kind: the values a page may give as current}``, from the file alone."""
+    runs = (headline["demo"], headline["suite"], headline["quick_tier"])
+    seconds = [run["wall_seconds"] for run in runs]
+    return {
+        "map50": {headline["demo"]["map50"]},
+        "coco_ap": {headline["demo"]["coco_ap"]},
+        # Minutes to one decimal, or rounded to the minute ("about 25 minutes").
+        "minutes": {round(s / 60, 1) for s in seconds} | {round(s / 60) for s in seconds},
+        "seconds": set(seconds),
+        "tests": {headline["suite"]["passed"], headline["quick_tier"]["passed"]},
+    }
+
+
+def _current_clauses(markdown_text):
+    """The clauses of the paragraphs about the demo, the suite or the tests that do not say
+    they give an older figure. Clauses are cut at sentence ends, semicolons and brackets, so
+    that "mAP@0.5 0.972 (COCO AP 0.665; 0.927 with YOLOv3's loss)" is three."""
+    text = re.sub(r"```.*?```", "", markdown_text, flags=re.S)
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", text):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        paragraphs += rows or [" ".join(block.split())]
+    for paragraph in paragraphs:
+        if not TOPICS.search(paragraph):
+            continue
+        for clause in re.split(r"(?<=[a-z0-9)`])\.\s+|[;()|]", paragraph):
+            if not any(marker in clause for marker in OLDER):
+                yield clause
+
+
+def _stray_figures(markdown_text, allowed):
+    """``[(kind, value, clause)]`` of the figures given as current that the file does not
+    hold."""
+    stray = []
+    for clause in _current_clauses(markdown_text):
+        for kind, pattern in FIGURES.items():
+            for match in pattern.finditer(clause):
+                for value in re.findall(_NUMBER, match.group(1)):
+                    if float(value) not in allowed[kind]:
+                        stray.append((kind, value, clause.strip()))
+    return stray
+
+
+def test_headline_file_names_its_runs():
+    headline = _headline()
+    for run in ("demo", "suite", "quick_tier"):
+        assert {"command", "machine", "wall_seconds"} <= set(headline[run]), run
+    assert {"map50", "coco_ap", "date"} <= set(headline["demo"])
+    # The suite's figure is of the command the README tells a new user to run.
+    assert headline["suite"]["command"] == _code_blocks(_readme())[0].splitlines()[1]
+
+
+@pytest.mark.parametrize("page", FIGURE_PAGES)
+def test_front_pages_give_the_headline_figures(page):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    stray = _stray_figures(text, _allowed(_headline()))
+    assert not stray, (
+        f"{page} gives figures that docs/data/headline.json does not hold (update the file "
+        f"from a new run, or say the figure is older, e.g. 'for comparison'): {stray}"
+    )
+
+
+def test_front_pages_state_the_demo_and_suite_figures():
+    headline = _headline()
+    demo, suite = headline["demo"], headline["suite"]
+    for page in ("README.md", "docs/getting-started.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert f"mAP@0.5 {demo['map50']} (COCO AP {demo['coco_ap']})" in text, page
+        assert f"({demo['wall_seconds']} s)" in text, page
+        assert f"{suite['passed']} tests in {round(suite['wall_seconds'] / 60, 1)} minutes" in text
+
+
+def test_the_check_catches_a_page_that_drifts():
+    allowed = _allowed(_headline())
+    drifted = "The demo took 5.0 minutes and reached mAP@0.5 0.927 (COCO AP 0.504)."
+    assert {kind for kind, _, _ in _stray_figures(drifted, allowed)} == {
+        "minutes",
+        "map50",
+        "coco_ap",
+    }
+    older = "The demo reached mAP@0.5 0.927 with YOLOv3's loss, for comparison."
+    assert _stray_figures(older, allowed) == []
+    suite = "The test suite: 700 tests in 21 minutes; the quick tier 2.4 minutes."
+    assert {(kind, value) for kind, value, _ in _stray_figures(suite, allowed)} == {
+        ("tests", "700"),
+        ("minutes", "21"),
+        ("minutes", "2.4"),
+    }
+    ranges = "The whole test suite took 24.5 to 33 minutes (1470.9 and 1500.0 s)."
+    assert {value for _, value, _ in _stray_figures(ranges, allowed)} == {"33", "1500.0"}
+
+
+def test_development_tiers_and_latest_run_match_the_file():
+    headline = _headline()
+    text = (DOCS / "development.md").read_text(encoding="utf-8")
+    tiers = text.split("Two tiers", 1)[1].split("\n\n", 2)[1]  # the list of the two commands
+    assert _stray_figures(tiers, _allowed(headline)) == []
+    # The suite/demo table's last row is the latest run: the file is updated with it.
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "minutes (" in line]
+    last = rows[-1]
+    assert f"({headline['suite']['wall_seconds']} s" in last
+    assert f"| {headline['suite']['passed']} |" in last
+    assert f"({headline['demo']['wall_seconds']} s)" in last
 
 
 def _public_modules_on_disk():
