@@ -43,12 +43,11 @@ from yolo3.cli import (
     use_device,
     weights_settings,
 )
-from yolo3.data.image import load_rgb
+from yolo3.data.image import IMAGE_SUFFIXES, load_rgb
 from yolo3.inference.detect import draw_detections
 from yolo3.inference.runtime import load_detector
 from yolo3.model.resources import DARKNET_INPUT_SIZE, model_data_file, shipped_anchors
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv"}
 # For weights that record none: Darknet's COCO files, as the original keras-yolo3 assumed.
 FALLBACKS = {
@@ -252,7 +251,7 @@ def expand_inputs(inputs, report, output_dir):
                 and output_dir not in p.resolve().parents
             )
             if not found:
-                report(path, "folder holds no .jpg, .jpeg, .png or .bmp file")
+                report(path, f"folder holds no image ({', '.join(IMAGE_SUFFIXES)})")
             # Keep the folder structure so equal names in subfolders do not collide.
             images.extend((p, Path(path.name) / p.relative_to(path)) for p in found)
         elif path.is_file() and path.suffix.lower() in VIDEO_SUFFIXES:

@@ -30,6 +30,9 @@ from yolo3 import fileio
 
 # The canvas colour of the original keras-yolo3; the network has seen it as "no content".
 PAD_VALUE = 128
+# The image files a folder is searched for (a YOLO dataset's, yolo3 detect's inputs): formats
+# Pillow reads and writes, so an annotated copy keeps its input's suffix.
+IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp")
 # How a letterboxed input is resampled: PIL bicubic, as the original keras-yolo3 and this
 # library's preprocessing do, or Darknet's own resize (see letterbox_darknet).
 RESAMPLING = ("bicubic", "darknet")

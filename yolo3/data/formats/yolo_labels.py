@@ -48,11 +48,10 @@ from yolo3.data.annotations import (
     line_too_long,
     too_many_boxes,
 )
+from yolo3.data.image import IMAGE_SUFFIXES
 from yolo3.data.kmeans import image_hw
 from yolo3.data.limits import excerpt
 
-# The image files a folder of a YOLO dataset is read for (Pillow reads all of them).
-IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp")
 # Normalised coordinates this far outside [0, 1] are rounding, not a wrong unit.
 TOLERANCE = 1e-6
 
