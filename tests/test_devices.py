@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from yolo3.distributed import devices as devices_module
 from yolo3.distributed.devices import (
     GpuInfo,
     choose_jit_compile,
@@ -96,6 +97,7 @@ def test_describe_gpus_reads_name_and_capability(monkeypatch):
     }
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: devices)
     monkeypatch.setattr(tf.config.experimental, "get_device_details", details.__getitem__)
+    monkeypatch.setattr(devices_module, "driver_gpus", lambda: None)  # no nvidia-smi
     assert describe_gpus() == (H100, GpuInfo("/physical_device:GPU:1"))
     assert describe_gpus(1) == (H100,)
     assert choose_precision("auto", describe_gpus(1)) == "bfloat16"
@@ -111,7 +113,7 @@ def test_device_plan_for_gpus():
     assert plan_devices(names, gpus=1, memory_growth=False).memory_growth == ()
     hidden = plan_devices(names, gpus=0)
     assert hidden.visible_gpus == () and hidden.memory_growth == ()
-    with pytest.raises(ValueError, match="gpus=3 but 2 GPUs are visible"):
+    with pytest.raises(ValueError, match="--gpus 3: TensorFlow .* sees 2 GPUs"):
         plan_devices(names, gpus=3)
 
 

@@ -68,11 +68,12 @@ def test_cpu_replicas_choose_mirrored_cpus():
     assert (choice.kind, choice.num_devices) == (StrategyKind.MIRRORED_CPUS, 4)
 
 
-def test_more_gpus_than_visible_lists_the_devices():
+def test_more_gpus_than_visible_says_what_tensorflow_sees():
+    # The causes and fixes: tests/test_device_line.py.
     names = ["/physical_device:GPU:0", "/physical_device:GPU:1"]
-    with pytest.raises(ValueError, match=r"gpus=3 but 2 GPUs .*GPU:0, /physical_device:GPU:1"):
+    with pytest.raises(ValueError, match=r"--gpus 3: TensorFlow \S+ sees 2 GPUs \(.*--gpus 0$"):
         choose_strategy_kind({}, gpus=3, gpu_names=names)
-    with pytest.raises(ValueError, match="gpus=1 but 0 GPUs are visible: none"):
+    with pytest.raises(ValueError, match=r"--gpus 1: TensorFlow \S+ sees 0 GPUs"):
         choose_strategy_kind({}, gpus=1, gpu_names=[])
 
 

@@ -124,7 +124,7 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     # The last validation pass scored each of the 7 images once (two batches of 4, the
     # last padded): its loss is the mean over the 7 in one batch, plus the weight decay.
-    assert any("7 images per pass in 2 global batches of 4, 1 places padded" in m for m in logged)
+    assert any("7 images per pass in 2 global batches of 4, 1 place padded" in m for m in logged)
     expected = validation_loss(checkpoints / "last.weights.h5", records, anchors)
     assert result.history["val_loss"][-1] == pytest.approx(expected, rel=1e-5)
 
@@ -287,7 +287,7 @@ def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tm
     assert int(result.trainer.optimizer.iterations) == 4
     # One input size per optimizer step: both micro-batches of a step share it.
     assert len(result.trainer.scale_history) == 4
-    assert any("1 replicas x 4 x 2 micro-batches = global batch 8" in line for line in logged)
+    assert any("1 replica x 4 x 2 micro-batches = global batch 8" in line for line in logged)
     resolved = training.read_config(str(tmp_path / "config.json"))
     assert (resolved.accumulate, resolved.allreduce_dtype) == (2, "bfloat16")
     assert result.throughput and all(math.isfinite(v) for v in result.history["loss"])

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from yolo3.distributed.collectives import all_reduce_by_dtype
+from yolo3.distributed.devices import check_gpu_count
+from yolo3.text import plural
 
 TRAINING_JOBS = ("chief", "worker")
 
@@ -255,8 +257,9 @@ def make_strategy(
         found = len(tf.config.list_logical_devices("CPU"))
         if found < count:
             raise ValueError(
-                f"cpu_replicas={count} needs {count} logical CPU devices, found {found}: call "
-                f"configure_devices(cpu_replicas={count}) before building any model"
+                f"cpu_replicas={count} needs {plural(count, 'logical CPU device')}, found "
+                f"{found}: call configure_devices(cpu_replicas={count}) before building any "
+                "model"
             )
     if kind in (StrategyKind.MIRRORED_CPUS, StrategyKind.MIRRORED_GPUS):
         devices = tuple(mirrored_devices(choice))
@@ -425,16 +428,15 @@ def tf_config(hosts_ports, index):
         if not host or not port.isdigit():
             raise ValueError(f"worker address {address!r} is not host:port")
     if not 0 <= index < len(addresses):
-        raise ValueError(f"worker index {index} is outside the {len(addresses)} workers")
+        raise ValueError(f"worker index {index} is outside the {plural(len(addresses), 'worker')}")
     return json.dumps(
         {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
     )
 
 
 def _check_gpu_count(gpus, gpu_names):
-    if gpus > len(gpu_names):
-        found = ", ".join(gpu_names) if gpu_names else "none"
-        raise ValueError(f"gpus={gpus} but {len(gpu_names)} GPUs are visible: {found}")
+    """``gpus``, or ValueError saying why TensorFlow sees fewer (``gpu_names``) and the fix."""
+    check_gpu_count(f"--gpus {gpus}", requested=gpus, seen=len(gpu_names), cpu_flag="--gpus 0")
     return gpus
 
 

@@ -37,11 +37,35 @@ from yolo3.model.resources import (
     read_anchors,
     shipped_anchors,
 )
+from yolo3.text import plural
+
+# The model a run trains when no flag names one: the smallest, quickest to try.
+DEFAULT_MODEL_TYPE = "tiny"
+MODEL_NAMES = {"tiny": "tiny-YOLOv3", "yolov3": "YOLOv3"}
 
 
 def anchors_file(config):
     """The run's anchors file: ``config.anchors``, else the shipped one of its model type."""
-    return config.anchors or shipped_anchors(config.model or "tiny")
+    return config.anchors or shipped_anchors(config.model or DEFAULT_MODEL_TYPE)
+
+
+def default_model_note(config):
+    """The line a run logs when it trains the shipped model and anchors because neither
+    ``--anchors`` nor ``--weights`` chose, with the flags that choose another; None when
+    one of them did."""
+    if config.anchors or config.weights:
+        return None
+    model_type = config.model or DEFAULT_MODEL_TYPE
+    if config.model:
+        given = "--anchors or --weights"
+        choose = "for anchors fitted to your boxes, give --anchors FILE (from yolo3 kmeans)"
+    else:
+        given = "--model-type, --anchors or --weights"
+        choose = "for another, give --model-type yolov3 or --anchors FILE (from yolo3 kmeans)"
+    return (
+        f"no {given}: training {MODEL_NAMES[model_type]} from scratch with Darknet's COCO "
+        f"anchors ({anchors_file(config)}); {choose}, or start from --weights FILE"
+    )
 
 
 def gpus_in_use(config):
@@ -87,6 +111,7 @@ class RunSetup:
     data: RunData
     info: distribute.WorkerInfo
     replicas: int
+    gpus: tuple  # the GpuInfo of this process's GPUs (empty: the CPU)
     global_batch: int  # images per optimizer step: replicas x batch size x micro-batches
     head: HeadSpec  # the detector's head: classes, anchors per level, grid sensitivity
     precision: str  # the Keras policy name, e.g. "mixed_bfloat16"
@@ -216,9 +241,8 @@ def resolve_setup(config, strategy, info, data):
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)
     sync_bn = communication.default_sync_bn(replicas) if config.sync_bn is None else config.sync_bn
-    jit_compile = devices.choose_jit_compile(
-        config.jit_compile, num_replicas=replicas, gpus=gpus_in_use(config)
-    )
+    gpus = gpus_in_use(config)
+    jit_compile = devices.choose_jit_compile(config.jit_compile, num_replicas=replicas, gpus=gpus)
     checkpoint_dir = os.path.join(config.log_dir, "checkpoints")
     backup_root = os.path.join(config.log_dir, "backup")
     _check_fresh_log_dir(config, checkpoint_dir, backup_root)
@@ -233,6 +257,7 @@ def resolve_setup(config, strategy, info, data):
         data=data,
         info=info,
         replicas=replicas,
+        gpus=gpus,
         global_batch=global_batch,
         head=head,
         precision=precision,
@@ -274,6 +299,9 @@ def build_trainer(config, setup, strategy, log):
         )
         # After the model is built: the line gives the bytes of its all-reduce.
         log(_describe(config, setup, body))
+        note = default_model_note(config)
+        if note:
+            log(note)
         _load_initial_weights(body, config, log)
         trainer = YoloTrainer(
             body,
@@ -312,17 +340,25 @@ def build_trainer(config, setup, strategy, log):
 
 
 def _describe(config, setup, body):
-    """The line that opens a run's log: the model, the batch and every resolved setting."""
+    """The line that opens a run's log: the model, the devices, the batch and every resolved
+    setting."""
     height, width = setup.data.input_hw
     accumulate = f" x {config.accumulate} micro-batches" if config.accumulate > 1 else ""
     scales = setup.scales
     sizes = f"{scales.sizes[0]}-{scales.sizes[-1]} ({len(scales.sizes)} sizes)" if scales else "off"
     info = setup.info
+    where = devices.describe_devices(
+        gpus=setup.gpus,
+        cores=devices.available_cores(),
+        cpu_replicas=config.cpu_replicas,
+        num_workers=info.num_workers,
+    )
+    classes = plural(len(setup.data.classes), "class", "classes")
     return (
-        f"{setup.head.model_type} {height}x{width}, {len(setup.data.classes)} classes; "
-        f"{setup.replicas} replicas x {config.batch_size}{accumulate} = global "
+        f"{setup.head.model_type} {height}x{width}, {classes}; "
+        f"{where}; {plural(setup.replicas, 'replica')} x {config.batch_size}{accumulate} = global "
         f"batch {setup.global_batch}; all-reduce {setup.communication.describe(body)}; "
-        f"{setup.steps} steps/epoch; peak lr {setup.peak_lr:.3g} ({config.optimizer}); "
+        f"{plural(setup.steps, 'step')}/epoch; peak lr {setup.peak_lr:.3g} ({config.optimizer}); "
         f"sync BN {'on' if setup.sync_bn else 'off'}; XLA {'on' if setup.jit_compile else 'off'}; "
         f"precision {setup.precision}; remat {config.remat}; "
         f"multi-scale {sizes}; "
@@ -335,7 +371,7 @@ def _load_initial_weights(body, config, log):
         return
     report = load_weights(body, config.weights, skip_mismatch=True)
     log(
-        f"weights {config.weights}: {len(report['loaded'])} layers loaded, "
+        f"weights {config.weights}: {plural(len(report['loaded']), 'layer')} loaded, "
         f"{len(report['skipped'])} skipped, {len(report['missing'])} not in the file"
     )
     for name, reason in report["skipped"]:
@@ -354,7 +390,7 @@ def restore_state(trainer, checkpoint_dir, log):
     trainer.load_weights(path)
     epoch = int(metadata["epoch"])
     step = int(trainer.optimizer.iterations.value.numpy())
-    log(f"resumed from {path}: {epoch} epochs done, optimizer step {step}")
+    log(f"resumed from {path}: {plural(epoch, 'epoch')} done, optimizer step {step}")
     return epoch
 
 
@@ -449,7 +485,8 @@ def _validation_steps(config, setup, log):
     padding = val_steps * eval_batch - val_records
     if padding:
         log(
-            f"validation: {val_records} images per pass in {val_steps} global batches of "
-            f"{eval_batch}, {padding} places padded (weight 0)"
+            f"validation: {plural(val_records, 'image')} per pass in "
+            f"{plural(val_steps, 'global batch', 'global batches')} of {eval_batch}, "
+            f"{plural(padding, 'place')} padded (weight 0)"
         )
     return val_steps
