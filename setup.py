@@ -7,6 +7,7 @@ from setuptools import find_packages, setup
 # The version has one home, yolo3.__version__; read here without importing the package.
 VERSION = re.search(r'^__version__ = "(.+)"$', open("yolo3/__init__.py").read(), re.M).group(1)
 
+TENSORFLOW = ">=2.21,<2.22"
 MLFLOW_CLIENT = "mlflow-skinny>=3.17.2,<3.18"
 EXPORT = ["onnx==1.23.2", "onnxruntime==1.32.0", "tf2onnx==1.17.0", "ai-edge-litert==2.3.0"]
 # The documentation site (mkdocs.yml, docs/): MkDocs because its sources are Markdown like the
@@ -37,7 +38,7 @@ setup(
     entry_points={"console_scripts": ["yolo3 = yolo3.commands:main"]},
     py_modules=[],
     install_requires=[
-        "tensorflow>=2.21,<2.22",
+        f"tensorflow{TENSORFLOW}",
         # yolo3/distributed/keras_mwms.py patches Keras's multi-worker path and runs only on the
         # versions it was checked against (TESTED_KERAS_VERSIONS): install exactly those.
         "keras==3.15.1",
@@ -53,6 +54,9 @@ setup(
         "tensorboard>=2.21,<2.22",
     ],
     extras_require={
+        # GPUs: the same TensorFlow with NVIDIA's CUDA and cuDNN wheels beside it (Linux
+        # x86-64; the NVIDIA driver is installed apart). Without them TensorFlow sees no GPU.
+        "gpu": [f"tensorflow[and-cuda]{TENSORFLOW}"],
         # tools/export.py: ONNX through tf2onnx, run by onnxruntime; TFLite files are written
         # by TensorFlow's own converter and run by LiteRT (ai-edge-litert, which TensorFlow's
         # deprecated tf.lite.Interpreter points to). Pinned to the versions tested together.
