@@ -138,7 +138,7 @@ def test_preprocessing_into_a_full_disk_says_so_in_one_line_and_the_same_command
     argv = [
         "--annotations", annotations, "--classes", _write_classes(tmp_path), "--input-size",
         str(SIZE), "--copies", "3", "--num-shards", "4", "--workers", "1", "--quiet",
-        "--output", str(output),
+        "--output", str(output), "--val-fraction", "0",
     ]  # fmt: skip
     resize(150 << 10)  # room for two or three of the four shards (about 50 kB each)
     preprocess = load_tool("preprocess")

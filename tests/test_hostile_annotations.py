@@ -70,6 +70,7 @@ def _preprocess(tmp_path, source, name="records"):
     """Runs ``yolo3 preprocess`` on ``source`` (flags); returns the manifest and rejects.txt."""
     output = tmp_path / name
     argv = [*source, "--output", str(output), "--input-size", "32", "--copies", "0"]
+    argv += ["--val-fraction", "0"]  # every image in training, where the counts look
     assert preprocess_tool.main([*argv, "--workers", "1", "--progress", "off"]) == 0
     manifest = json.loads((output / "manifest.json").read_text())
     return manifest, (output / "rejects.txt").read_text().splitlines()

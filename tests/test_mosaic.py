@@ -33,6 +33,9 @@ TOLERANCE = 40
 # under ~3 so that one pixel inside an edge is past the bicubic blur of that edge.
 NO_COLOUR = AugmentConfig(jitter=0.1, scale=(0.4, 1.6), hue=0.0, saturation=1.0, value=1.0)
 
+# Tests of something else than the validation split keep every image in training.
+NO_VAL = ["--val-fraction", "0"]
+
 
 def _tile(index, rng):
     """An image of a uniform background with two solid rectangles, and their boxes."""
@@ -195,7 +198,7 @@ def dataset(tmp_path_factory):
 def _argv(dataset, output, *extra):
     annotations, classes = dataset
     argv = ["--annotations", annotations, "--classes", classes, "--output", str(output)]
-    return [*argv, "--input-size", str(SIZE), "--workers", "1", "--quiet", *extra]
+    return [*argv, "--input-size", str(SIZE), "--workers", "1", "--quiet", *NO_VAL, *extra]
 
 
 def _shard_bytes(directory):
@@ -324,6 +327,7 @@ def test_mosaic_with_fewer_than_four_training_images_is_refused(dataset, tmp_pat
     three.write_text("".join(f"{line}\n" for line in lines))
     argv = ["--annotations", str(three), "--classes", classes, "--output", str(tmp_path / "o")]
     argv += ["--image-root", str(Path(annotations).parent), "--input-size", str(SIZE), "--quiet"]
+    argv += ["--val-fraction", "0"]
     assert tool.main([*argv, "--mosaic", "0.5"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
@@ -339,7 +343,7 @@ def test_output_is_the_same_for_any_number_of_workers_and_bad_partners_stay_gray
     lines = Path(annotations).read_text()
     with_missing = Path(annotations).parent / "with-missing.txt"
     with_missing.write_text(lines + "missing.png 1,1,9,9,0\n")
-    argv = ["--annotations", str(with_missing), "--classes", classes, "--quiet"]
+    argv = ["--annotations", str(with_missing), "--classes", classes, "--quiet", *NO_VAL]
     argv += ["--input-size", str(SIZE), "--copies", "2", "--mosaic", "1", "--num-shards", "2"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert tool.main([*argv, "--output", str(one), "--workers", "1"]) == 0

@@ -30,6 +30,8 @@ COLOURS = {0: (255, 0, 0), 1: (0, 255, 0), 2: (0, 0, 255)}
 CLASSES = ("red", "green", "blue")
 # Keep colours: with these the HSV jitter is the identity and a box keeps its class colour.
 KEEP_COLOURS = ["--hue", "0", "--saturation", "1", "--value", "1"]
+# Tests of something else than the validation split keep every image in training.
+NO_VAL = ["--val-fraction", "0"]
 
 
 def _rectangle(height, width, box, colour):
@@ -197,7 +199,7 @@ def test_bad_inputs_are_converted_or_skipped_and_counted(tmp_path, capsys, monke
     classes = _write_classes(tmp_path, ("a", "b"))
     output = tmp_path / "out"
     argv = ["--annotations", annotations, "--classes", classes, "--output", str(output)]
-    argv += ["--input-size", str(SIZE), "--copies", "1", "--workers", "1"]
+    argv += ["--input-size", str(SIZE), "--copies", "1", "--workers", "1", *NO_VAL]
     assert tool.main(argv) == 0
     printed = capsys.readouterr()
     assert "images/s" in printed.out  # the rate, once, in plain text: output is not a terminal
@@ -289,7 +291,7 @@ def test_bad_inputs_are_converted_or_skipped_and_counted(tmp_path, capsys, monke
 def test_strict_turns_any_reject_into_an_error(tmp_path, capsys):
     annotations = _bad_dataset(tmp_path / "bad")
     argv = ["--classes", _write_classes(tmp_path, ("a", "b")), "--input-size", str(SIZE)]
-    argv += ["--copies", "0", "--workers", "1"]
+    argv += ["--copies", "0", "--workers", "1", *NO_VAL]
     strict = ["--annotations", annotations, "--output", str(tmp_path / "a"), "--strict"]
     assert _run([*argv, *strict]) == 2
     error = capsys.readouterr().err
@@ -330,7 +332,7 @@ def rectangles(tmp_path_factory):
 def _rectangles_argv(rectangles, output, *extra):
     annotations, classes, _ = rectangles
     argv = ["--annotations", annotations, "--classes", classes, "--output", str(output)]
-    return [*argv, "--input-size", str(SIZE), *extra]
+    return [*argv, "--input-size", str(SIZE), *NO_VAL, *extra]
 
 
 def _ring(image, box, width=2):
@@ -419,7 +421,7 @@ def test_killed_run_resumes_to_the_same_bytes(tmp_path):
     annotations = _kill_dataset(tmp_path / "images")
     classes = _write_classes(tmp_path)
     argv = ["--annotations", annotations, "--classes", classes, "--input-size", str(SIZE)]
-    argv += ["--copies", "3", "--num-shards", "24", "--workers", "1", "--quiet"]
+    argv += ["--copies", "3", "--num-shards", "24", "--workers", "1", "--quiet", *NO_VAL]
     reference, killed = tmp_path / "uninterrupted", tmp_path / "interrupted"
     assert tool.main([*argv, "--output", str(reference)]) == 0
 
@@ -505,7 +507,7 @@ def test_resume_after_editing_the_annotations_renders_the_changed_shards(tmp_pat
     annotations, _ = _rectangles_dataset(tmp_path / "images", 7, np.random.default_rng(5))
     lines = Path(annotations).read_text().splitlines()
     argv = ["--annotations", annotations, "--classes", _write_classes(tmp_path)]
-    argv += ["--input-size", str(SIZE), "--copies", "1", "--workers", "1"]
+    argv += ["--input-size", str(SIZE), "--copies", "1", "--workers", "1", *NO_VAL]
     edited = tmp_path / "edited"
 
     def rerun_matches_a_fresh_run(kept_lines, name):
@@ -543,7 +545,8 @@ def test_validation_split_is_clean_and_counted(tmp_path):
     assert _run(argv) == 0
     manifest, decoded = _read_set(output)
     assert manifest["classes"] == ["red", "green"]
-    assert manifest["validation"] == {"annotations": [], "fraction": None, "per_class": 3}
+    assert manifest["validation"]["per_class"] == 3
+    assert manifest["validation"]["source"] == "held_out"
     assert manifest["min_images_per_class"] == 2
     dropped = manifest["hygiene"]["min_images_per_class"]["dropped"]
     assert dropped == [{"class_id": 2, "name": "blue", "images": 1}]
@@ -567,6 +570,32 @@ def test_validation_split_is_clean_and_counted(tmp_path):
         np.testing.assert_array_equal(record["image"], pixels)
 
 
+def test_a_validation_split_is_always_held_out_or_refused_aloud(tmp_path, capsys):
+    """Annotations without a validation split: a seeded tenth held out, said in the summary
+    and the manifest; --val-fraction 0 trains without one, said too; one image cannot be
+    split, and the line says so."""
+    annotations, _ = _rectangles_dataset(tmp_path / "images", 10, np.random.default_rng(4))
+    base = ["--annotations", annotations, "--classes", _write_classes(tmp_path)]
+    base += ["--input-size", "32", "--copies", "0", "--workers", "1"]
+    assert _run([*base, "--output", str(tmp_path / "held")]) == 0
+    manifest = records.read_manifest(str(tmp_path / "held"))
+    assert manifest["source_images"] == {"train": 9, "val": 1}
+    assert manifest["validation"]["source"] == "held_out"
+    assert manifest["validation"]["fraction"] == 0.1
+    out = capsys.readouterr().out
+    assert "validation: held out of the training images: 10% of the images (the default" in out
+    assert _run([*base, "--output", str(tmp_path / "none"), "--val-fraction", "0"]) == 0
+    manifest = records.read_manifest(str(tmp_path / "none"))
+    assert list(manifest["splits"]) == ["train"] and manifest["validation"]["source"] == "none"
+    assert "validation: none (--val-fraction 0)" in capsys.readouterr().out
+    single = _write_lines(tmp_path / "images", [Path(annotations).read_text().splitlines()[0]])
+    argv = ["--annotations", single, *base[2:], "--output", str(tmp_path / "one")]
+    assert _run(argv) == 0
+    assert "validation: none: 1 distinct training image cannot be split" in capsys.readouterr().out
+    assert _run([*argv, "--val-fraction", "1.5"]) == 2
+    assert "--val-fraction 1.5: give a share in [0, 1)" in capsys.readouterr().err
+
+
 # --- other filesystems ------------------------------------------------------------------------
 
 
@@ -574,7 +603,7 @@ def test_ram_filesystem_paths_work_like_local_ones(rectangles, tmp_path):
     """TensorFlow's ram:// filesystem stands in for gs://: the same code path, tf.io.gfile."""
     annotations, classes, truth = rectangles
     local, remote = tmp_path / "local", f"ram://{tmp_path.name}/out"
-    argv = ["--copies", "1", "--num-shards", "2", "--workers", "1"]
+    argv = ["--copies", "1", "--num-shards", "2", "--workers", "1", *NO_VAL]
     assert _run(_rectangles_argv(rectangles, local, *argv)) == 0
     assert _run(_rectangles_argv(rectangles, remote, *argv)) == 0
     for name, data in _tree(local).items():
@@ -590,7 +619,7 @@ def test_ram_filesystem_paths_work_like_local_ones(rectangles, tmp_path):
         tf.io.gfile.copy(path, f"{folder}/{Path(path).name}")
     output = f"ram://{tmp_path.name}/from-ram"
     argv = ["--annotations", f"{folder}/train.txt", "--classes", classes, "--output", output]
-    assert _run([*argv, "--input-size", str(SIZE), "--copies", "0", "--workers", "1"]) == 0
+    assert _run([*argv, "--input-size", str(SIZE), "--copies", "0", "--workers", "1", *NO_VAL]) == 0
     manifest = records.read_manifest(output)
     assert manifest["splits"]["train"]["images"] == len(truth)
     paths = records.shard_paths(output, manifest, "train")

@@ -43,6 +43,7 @@ from yolo3.data import formats, preprocess
 from yolo3.data.augment import AugmentConfig
 from yolo3.distributed.devices import available_cores
 from yolo3.model.resources import parse_size, read_classes
+from yolo3.text import plural
 
 
 def build_parser():
@@ -84,7 +85,13 @@ def build_parser():
         default=(),
         help="annotation files of a separate validation set",
     )
-    split.add_argument("--val-fraction", type=float, help="carve this fraction of images out")
+    split.add_argument(
+        "--val-fraction",
+        type=float,
+        help="hold this share of the images out for validation when the dataset names no "
+        f"validation split (default: {preprocess.DEFAULT_VAL_FRACTION:g}, seeded by --seed; "
+        "0: train without one)",
+    )
     split.add_argument("--val-per-class", type=int, help="carve N images per class out")
     split.add_argument(
         "--min-images-per-class",
@@ -165,26 +172,49 @@ def _summary(manifest, output):
         stored = f" ({info['image_format']})" if "image_format" in info else ""
         mosaics = f" ({info['mosaic_records']} mosaics)" if "mosaic_records" in info else ""
         lines.append(
-            f"  {split}: {info['images']} images -> {info['records']} records{mosaics}{stored}, "
-            f"{info['boxes']} boxes, {len(info['shards'])} shards"
+            f"  {split}: {plural(info['images'], 'image')} -> "
+            f"{plural(info['records'], 'record')}{mosaics}{stored}, "
+            f"{plural(info['boxes'], 'box', 'boxes')}, {plural(len(info['shards']), 'shard')}"
         )
+    validation = manifest.get("validation", {})
+    if "text" in validation:
+        lines.append(f"  validation: {validation['text']}")
     counts = {k: v for k, v in manifest["counts"].items() if v}
     if counts:
         lines.append("  counts: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
-    if manifest["rejects"]:
-        rejected = ", ".join(f"{k}={v}" for k, v in manifest["rejects"].items())
-        lines.append(f"  rejected: {rejected} (listed in {output}/rejects.txt)")
     return "\n".join(lines)
+
+
+def _rejected_warning(manifest, output):
+    """The closing line when input was rejected (None when nothing was): how much, where
+    the list is, and ``--strict``. Rejected boxes are a share of the boxes read."""
+    if not manifest["rejects"]:
+        return None
+    rejected = ", ".join(f"{k}={v}" for k, v in manifest["rejects"].items())
+    counts = manifest["counts"]
+    boxes = counts.get("rejected_boxes", 0)
+    share = ""
+    if boxes:
+        read = boxes + sum(info["boxes"] for info in manifest["splits"].values())
+        share = f" ({boxes} of {read} boxes, {boxes / read:.0%}, were dropped)"
+    return (
+        f"warning: input was rejected{share}: {rejected}; each is listed with its file and "
+        f"line in {output}/rejects.txt. Fix them and run the same command again, or pass "
+        "--strict to make any rejected input an error"
+    )
 
 
 def _preprocess(args, parser):
     if args.verify:
         return _verify(args.verify)
-    needed = ("data", "output") if args.data else ("annotations", "classes", "output")
+    if not args.data and not args.annotations:
+        parser.print_usage(sys.stderr)
+        return fail("give the dataset: --data PATH, or --annotations FILE with --classes FILE")
+    needed = ("output",) if args.data else ("classes", "output")
     missing = [flag for flag in needed if not getattr(args, flag)]
     if missing:
         parser.print_usage(sys.stderr)
-        return fail(f"--{', --'.join(missing)} required (or --data, or --verify DIR)")
+        return fail(f"--{' and --'.join(missing)} required")
     if args.data and args.annotations:
         return fail("give --annotations or --data, not both")
     config = dataclass_from_args(
@@ -203,6 +233,9 @@ def _preprocess(args, parser):
         progress=progress_setting(args),
     )
     print(_summary(manifest, args.output))
+    warning = _rejected_warning(manifest, args.output)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

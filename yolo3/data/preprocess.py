@@ -67,6 +67,10 @@ VAL_FORMATS = ("lossless", "same")
 # stream apart from the copy's augmentation, (seed, split id, ordinal, copy). Not 0: NumPy's
 # SeedSequence pads short seeds with zeros, so a zero here could repeat the shorter seed.
 MOSAIC_STREAM = 0x6D6F73  # "mos"
+# The share of the images held out for validation when the source names no validation split
+# and neither --val-fraction nor --val-per-class is given: a run is never left without one
+# unless asked (--val-fraction 0). A tenth, as MXNet's im2rec tools and most exports split.
+DEFAULT_VAL_FRACTION = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,7 @@ class PreprocessConfig:
     classes: tuple = ()  # required with annotations; with data, VOC's classes to keep
     copies: int = 4
     val_annotations: tuple = ()
+    # None: DEFAULT_VAL_FRACTION held out when the source names no validation split; 0: none.
     val_fraction: float | None = None
     val_per_class: int | None = None
     min_images_per_class: int = 0
@@ -114,6 +119,10 @@ class PreprocessConfig:
             raise ValueError(f"--quality {self.quality} must be in [1, 100]")
         if self.val_fraction is not None and self.val_per_class is not None:
             raise ValueError("give --val-fraction or --val-per-class, not both")
+        if self.val_fraction is not None and not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(
+                f"--val-fraction {self.val_fraction}: give a share in [0, 1) (0: no validation)"
+            )
         if self.val_annotations and (self.val_fraction or self.val_per_class):
             raise ValueError("--val-annotations already gives a validation split; drop --val-*")
         if self.num_shards is not None and self.num_shards < 1:
@@ -344,6 +353,7 @@ class Dataset:
     rejects: list  # (source, line, reason, message) found while parsing and splitting
     counts: collections.Counter
     hygiene: dict
+    validation: dict  # where the validation split came from (_validation_split)
 
 
 def read_sources(config):
@@ -379,7 +389,8 @@ def load_dataset(config):
     """Reads the annotations and applies the class filter and validation split."""
     classes, train, val, source_rejects, counts = read_sources(config)
     rejects = [(r.source, r.line, r.reason, r.message) for r in source_rejects]
-    if val and (config.val_fraction is not None or config.val_per_class is not None):
+    carve = config.val_per_class is not None or bool(config.val_fraction)
+    if val and carve:
         raise ValueError(
             f"{config.data} names a validation split already; drop --val-fraction/--val-per-class"
         )
@@ -390,17 +401,44 @@ def load_dataset(config):
         )
         train, val = kept[: len(train)], kept[len(train) :]
         hygiene_report["min_images_per_class"] = report
-    if config.val_fraction is not None or config.val_per_class is not None:
-        train, val = hygiene.split_validation(
-            train,
-            fraction=config.val_fraction,
-            per_class=config.val_per_class,
-            seed=config.seed,
-        )
+    train, val, validation = _validation_split(config, train, val)
     splits = {"train": train}
     if val:
         splits["val"] = val
-    return Dataset(classes, splits, rejects, counts, hygiene_report)
+    return Dataset(classes, splits, rejects, counts, hygiene_report, validation)
+
+
+def _validation_split(config, train, val):
+    """``(train, val, validation)``: the split as the source names it, carved out as the
+    flags say, or :data:`DEFAULT_VAL_FRACTION` held out when the source names none;
+    ``validation`` says where the validation images came from (``source``: ``named``,
+    ``held_out`` or ``none``, and ``text``, the line a run prints), for the manifest."""
+    if val:
+        named = list(config.val_annotations) or [config.data]
+        text = f"the validation split of {', '.join(map(str, named))}"
+        return train, val, {"source": "named", "text": text}
+    if config.val_fraction == 0:
+        return train, val, {"source": "none", "text": "none (--val-fraction 0)"}
+    fraction, per_class = config.val_fraction, config.val_per_class
+    if fraction is None and per_class is None:
+        fraction = DEFAULT_VAL_FRACTION
+        how = f"{fraction:.0%} of the images (the default; --val-fraction F chooses another share)"
+    elif per_class is not None:
+        how = f"{per_class} images per class (--val-per-class)"
+    else:
+        how = f"{fraction:g} of the images (--val-fraction)"
+    distinct = len({entry.path for entry in train})
+    if distinct < 2:
+        text = (
+            f"none: {distinct} distinct training image cannot be split; add a validation split "
+            "or more images (--val-fraction 0 says no validation outright)"
+        )
+        return train, val, {"source": "none", "text": text}
+    train, val = hygiene.split_validation(
+        train, fraction=fraction, per_class=per_class, seed=config.seed
+    )
+    text = f"held out of the training images: {how}, seed {config.seed}"
+    return train, val, {"source": "held_out", "text": text, "fraction": fraction}
 
 
 def _shard_plan(dataset, config):
@@ -706,6 +744,7 @@ def _write_manifest(config, dataset, plan, records):
             "annotations": list(config.val_annotations),
             "fraction": config.val_fraction,
             "per_class": config.val_per_class,
+            **dataset.validation,
         },
         min_images_per_class=config.min_images_per_class,
         hygiene=dataset.hygiene,
