@@ -192,7 +192,8 @@ CUDA = GpuSupport(
             "or unset it",
         ),
         (
-            GpuSupport(**{**vars(CUDA), "driver_gpus": None}),
+            # No driver comes first: no CUDA_VISIBLE_DEVICES would show a GPU.
+            GpuSupport(**{**vars(CUDA), "driver_gpus": None, "cuda_visible_devices": "0"}),
             "no NVIDIA driver answers: nvidia-smi is missing or fails",
             "install the NVIDIA driver (nvidia-smi lists the GPUs; in a container, start it "
             "with the GPUs, e.g. docker run --gpus all), and pip install",

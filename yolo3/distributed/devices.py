@@ -9,7 +9,7 @@ each branch a GPU takes is tested on a CPU by passing a description; only
   ``4 logical CPU devices on 2 cores`` or ``2 x NVIDIA H100 80GB HBM3 (79.6 GiB)``.
 - Too few GPUs (:func:`missing_gpus_message`): one message for ``--gpus N`` and
   ``--device gpu:N`` that says what TensorFlow sees, the likely cause (a build without
-  CUDA, ``CUDA_VISIBLE_DEVICES``, no driver, fewer GPUs, NVIDIA's CUDA libraries missing)
+  CUDA, no driver, ``CUDA_VISIBLE_DEVICES``, fewer GPUs, NVIDIA's CUDA libraries missing)
   and the fix.
 - ``--mixed-precision auto``: bfloat16 where every GPU in use has compute capability 8.0 or
   newer (Ampere, Hopper: bfloat16 tensor cores, float32's range, no loss scaling), float16
@@ -217,6 +217,13 @@ def _cause_and_fix(requested, support):
             "this TensorFlow was built without CUDA",
             f"install GPU support with {GPU_INSTALL} and check nvidia-smi",
         )
+    listed = support.driver_gpus
+    if listed is None:
+        return (
+            "no NVIDIA driver answers: nvidia-smi is missing or fails",
+            "install the NVIDIA driver (nvidia-smi lists the GPUs; in a container, start it "
+            f"with the GPUs, e.g. docker run --gpus all), and {GPU_INSTALL}",
+        )
     visible = support.cuda_visible_devices
     shown = None if visible is None else _listed_by_cuda_visible_devices(visible)
     if shown is not None and shown < requested:
@@ -225,13 +232,6 @@ def _cause_and_fix(requested, support):
             f"CUDA_VISIBLE_DEVICES is {visible!r}, which {hides}",
             "list the GPUs to use in CUDA_VISIBLE_DEVICES (e.g. "
             f"{','.join(str(i) for i in range(requested))}), or unset it",
-        )
-    listed = support.driver_gpus
-    if listed is None:
-        return (
-            "no NVIDIA driver answers: nvidia-smi is missing or fails",
-            "install the NVIDIA driver (nvidia-smi lists the GPUs; in a container, start it "
-            f"with the GPUs, e.g. docker run --gpus all), and {GPU_INSTALL}",
         )
     if len(listed) < requested:
         return f"nvidia-smi lists {plural(len(listed), 'GPU')} on this machine", None
