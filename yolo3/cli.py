@@ -211,11 +211,11 @@ def use_device(device, engine="keras"):
     chosen = []
     if device != "cpu":
         index = int(device.partition(":")[2] or 0)
-        if index >= len(gpus):
-            raise ValueError(
-                f"--device {device}: TensorFlow sees {len(gpus)} GPU(s) (check "
-                "CUDA_VISIBLE_DEVICES and the CUDA install), or give --device cpu"
-            )
+        from yolo3.distributed.devices import check_gpu_count  # noqa: PLC0415
+
+        check_gpu_count(
+            f"--device {device}", requested=index + 1, seen=len(gpus), cpu_flag="--device cpu"
+        )
         chosen = [gpus[index]]
     tf.config.set_visible_devices(chosen, "GPU")
 
