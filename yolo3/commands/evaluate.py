@@ -1,7 +1,8 @@
-"""Measure a model's mAP (VOC and COCO) on a record set or an annotation file.
+"""Measure a model's mAP (VOC and COCO) on a record set, an annotation file or a dataset.
 
     yolo3 evaluate --weights logs/run/checkpoints/best.weights.h5 --records rec
     yolo3 evaluate --weights logs/run/checkpoints/last.weights.h5 --annotations val.txt
+    yolo3 evaluate --weights logs/run/checkpoints/last.weights.h5 --data rf --split test
     yolo3 evaluate --weights yolov3.weights.h5 --annotations val.txt \\
         --classes model_data/coco_classes.txt
     yolo3 evaluate --weights yolov3.weights.h5 \\
@@ -15,7 +16,17 @@ path holds. The weights file's own metadata (model type, classes, anchors, masks
 size, as yolo3 train and yolo3 convert record them) is used for every flag not given; a record set
 fixes the classes and the input size it was made for. A file that records no input size is
 run at 416 px, said on stderr. An exported file fixes all of these and its thresholds: it
-takes ``--records`` or ``--annotations``, and refuses the flags that set what it fixes.
+takes ``--records``, ``--annotations`` or ``--data``, and refuses the flags that set what it
+fixes.
+
+``--data PATH`` scores one split (``--split``: ``val`` by default, ``test``, ``train``) of a
+dataset in any format :mod:`yolo3.data.formats` reads, on its original images, as an
+annotation file is scored: the split is written to ``annotations.txt`` in the report folder
+(keras-yolo3 lines, the images' absolute paths; ``--annotations`` reads it back) and scored
+from there. The class names are the dataset's; weights that record another number of classes
+are refused, other names for as many classes are a warning (classes are scored by id). A
+VOC dataset, which names its classes but not their order, takes ``--classes``, else the
+weights' classes. What the reader rejected in the split is counted in one line.
 
 Prints the per-class table and writes ``metrics.json``, ``table.txt``, a precision-recall
 curve per class (``pr/``) and ``gallery.png`` (found true boxes green, missed ones dashed
@@ -45,6 +56,7 @@ Exit status: 0 on success, 2 on bad usage or input.
 """
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -69,12 +81,14 @@ from yolo3.cli import (
     use_device,
     weights_settings,
 )
-from yolo3.data import records
+from yolo3.data import formats, records
+from yolo3.data.annotations import format_line, write_annotations
+from yolo3.data.limits import excerpt
 from yolo3.evaluation import validate
 from yolo3.fileio import atomic_write
 from yolo3.inference.detector_spec import load_keras_model, spec_for_weights
 from yolo3.inference.runtime import load_detector
-from yolo3.model.resources import DARKNET_INPUT_SIZE
+from yolo3.model.resources import DARKNET_INPUT_SIZE, read_classes
 from yolo3.progress import counter
 
 
@@ -94,8 +108,18 @@ def build_parser():
     source.add_argument("--records", help="record set; its --split is evaluated")
     source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
     source.add_argument("--coco-json", help="COCO annotation file, scored as published figures are")
+    formats.add_arguments(
+        parser,
+        data_help="a dataset in another format (a data.yaml or its folder, a Darknet .data, "
+        "COCO JSON, a VOCdevkit); its --split is scored on the original images",
+        group=source,
+    )
     parser.add_argument("--images", help="--coco-json: the folder of its images")
-    parser.add_argument("--split", default="val", help="record-set split (default: val)")
+    parser.add_argument(
+        "--split",
+        default="val",
+        help="the split of --records or --data to score: val, test, or train (default: val)",
+    )
     parser.add_argument(
         "--classes",
         help="classes file (default: the weights' metadata; a record set has its own)",
@@ -151,6 +175,8 @@ def build_parser():
 
 
 def _check(parser, args):
+    if args.data_format and not args.data:
+        parser.error("--data-format goes with --data")
     if not args.mlflow and (args.mlflow_run_id or args.mlflow_tracking_uri):
         flag = "--mlflow-run-id" if args.mlflow_run_id else "--mlflow-tracking-uri"
         parser.error(f"{flag} needs --mlflow")
@@ -181,13 +207,90 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
 
 
 def _source_spec(args, weights, source, anchors_path=None, log=print):
-    """:func:`_spec` for a record set (its classes and input size) or an annotation file."""
+    """:func:`_spec` for a record set (its classes and input size), a dataset split (its
+    classes) or an annotation file."""
     if isinstance(source, records.RecordSet):
         return _spec(
             args, weights, class_names=source.classes, anchors_path=anchors_path,
             input_size=source.input_hw, log=log,
         )  # fmt: skip
+    if isinstance(source, DatasetSplit):
+        return _spec(args, weights, class_names=source.classes, anchors_path=anchors_path, log=log)
     return _spec(args, weights, anchors_path=anchors_path, log=log)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSplit:
+    """One split of a ``--data`` dataset as it is scored: ``annotations`` (the annotation file
+    it was written to: boxes in original image pixels), ``classes`` (the dataset's class
+    names, in class id order) and ``num_images``."""
+
+    annotations: str
+    classes: list
+    num_images: int
+
+
+def dataset_split(args, weights, output, log=print):
+    """Reads ``args.split`` of ``--data`` and writes it to ``output/annotations.txt``.
+
+    ``weights`` (a weights file's path, or an exported detector) tells the classes the
+    detector predicts: the dataset must name as many, and a VOC dataset without ``--classes``
+    takes them as its own (its files name classes but not their order).
+
+    Raises:
+        ValueError: one line, for a split the dataset lacks
+            (:func:`yolo3.data.formats.read_split`) or a class count the weights were not
+            trained for.
+    """
+    predicted, weights_name = _predicted_classes(weights)
+    data_format = args.data_format or formats.detect_format(args.data)
+    classes = read_classes(args.classes) if args.classes else None
+    if classes is None and formats.registered(data_format).takes_classes:
+        classes = predicted
+    dataset = formats.read_split(
+        args.data, args.split, data_format=data_format, classes=classes, image_root=args.image_root
+    )
+    _check_classes(dataset.classes, predicted, f"--data {args.data}", weights_name, log)
+    entries = dataset.splits[args.split]
+    path = os.path.join(output, "annotations.txt")
+    os.makedirs(output, exist_ok=True)
+    # Absolute paths: the file lies in the report folder, not beside the images.
+    lines = [format_line(os.path.abspath(e.path), e.boxes, e.classes, e.difficult) for e in entries]
+    write_annotations(path, lines)
+    log(f"{args.data} ({data_format}): the {args.split} split, {len(entries)} images -> {path}")
+    if dataset.rejects:
+        log(
+            f"note: the reader rejected {dataset.counts['rejected_lines']} images or lines and "
+            f"{dataset.counts['rejected_boxes']} boxes of the {args.split} split; the first: "
+            f"{excerpt(dataset.rejects[0].message, 300)}"
+        )
+    return DatasetSplit(path, list(dataset.classes), len(entries))
+
+
+def _predicted_classes(weights):
+    """``(class names or None, name)`` of what ``weights`` predict: a weights file's metadata
+    (None where it records none), an exported detector's own."""
+    if isinstance(weights, str):
+        return (read_metadata(weights) or {}).get("classes"), weights
+    return list(weights.class_names), "the exported model"
+
+
+def _check_classes(names, predicted, data, weights, log):
+    """ValueError when the dataset's ``names`` and the weights' ``predicted`` (None: not
+    recorded) differ in number; a warning through ``log`` when only names differ (scoring
+    goes by class id)."""
+    if predicted is None or list(names) == list(predicted):
+        return
+    shown = [excerpt(", ".join(listed), 200) for listed in (names, predicted)]
+    if len(names) != len(predicted):
+        raise ValueError(
+            f"{data} names {len(names)} classes ({shown[0]}) but {weights} predicts "
+            f"{len(predicted)} ({shown[1]}); score a dataset of the weights' classes"
+        )
+    log(
+        f"warning: {data} names its classes {shown[0]}, {weights} {shown[1]}: scored by class "
+        "id, reported by the dataset's names"
+    )
 
 
 def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
@@ -198,7 +301,7 @@ def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
     with _detecting(args, source) as bar:
         evaluation = validate.evaluate_model(
             load_keras_model(weights, spec),
-            source,
+            source.annotations if isinstance(source, DatasetSplit) else source,
             head=head,
             resampling=spec.resampling,
             **_evaluation_options(args, bar),
@@ -225,6 +328,8 @@ def _detecting(args, source):
     total = None
     if isinstance(source, records.RecordSet) and source.has_split(args.split):
         total = source.num_records(args.split)
+    elif isinstance(source, DatasetSplit):
+        total = source.num_images
     if args.limit:
         total = min(total, args.limit) if total else None
     return counter(total, what="evaluate", unit="images", progress=progress_setting(args))
@@ -259,12 +364,12 @@ def _figure(value):
 
 
 def exported(args, engine, log=print, tracked=None):
-    """Scores an exported ``engine`` artifact (``--weights``) on a record set or an
-    annotation file; logs it to ``tracked`` (an MLflow run) when given."""
+    """Scores an exported ``engine`` artifact (``--weights``) on a record set, an
+    annotation file or a dataset split; logs it to ``tracked`` (an MLflow run) when given."""
     if args.coco_json:
         raise ValueError(
             f"--coco-json scores a weights file; {args.weights} is an exported {engine} model "
-            f"(score it with --records or --annotations)"
+            f"(score it with --records, --annotations or --data)"
         )
     refuse_fixed_flags(args, args.weights, engine)
     detector = load_detector(args.weights)
@@ -274,19 +379,27 @@ def exported(args, engine, log=print, tracked=None):
             f"{detector.spec.score_threshold}, which lowers mAP; export with --score "
             f"{validate.MAP_SCORE_THRESHOLD} for figures comparable with its weights file"
         )
-    source = records.open_record_set(args.records) if args.records else args.annotations
-    with _detecting(args, source) as bar:
-        evaluation = validate.evaluate_detector(detector, source, **_evaluation_options(args, bar))
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    if args.data:
+        source = dataset_split(args, detector, output, log)
+    else:
+        source = records.open_record_set(args.records) if args.records else args.annotations
+    with _detecting(args, source) as bar:
+        evaluation = validate.evaluate_detector(
+            detector,
+            source.annotations if isinstance(source, DatasetSplit) else source,
+            **_evaluation_options(args, bar),
+        )
     _report(args, evaluation, output, log)
     _track(tracked, output, args.weights, engine, evaluation=evaluation)
     return 0
 
 
 def single(args):
-    if not args.weights or not (args.records or args.annotations or args.coco_json):
+    if not args.weights or not (args.records or args.annotations or args.data or args.coco_json):
         raise ValueError(
-            "give --weights and --records, --annotations or --coco-json (or --watch LOG_DIR)"
+            "give --weights and --records, --annotations, --data or --coco-json (or --watch "
+            "LOG_DIR)"
         )
     engine = detector_engine(args.weights)
     use_device(args.device, engine)
@@ -296,9 +409,12 @@ def single(args):
         return exported(args, engine, tracked=tracked)
     if args.coco_json:
         return coco_json(args, tracked=tracked)
-    # A record set's manifest is read here once and handed on.
-    source = records.open_record_set(args.records) if args.records else args.annotations
     output = args.output or os.path.join(os.path.dirname(os.path.abspath(args.weights)), "eval")
+    # A record set's manifest, or the dataset, is read here once and handed on.
+    if args.data:
+        source = dataset_split(args, args.weights, output)
+    else:
+        source = records.open_record_set(args.records) if args.records else args.annotations
     evaluation = evaluate_once(args, args.weights, source, output)
     _track(tracked, output, args.weights, engine, evaluation=evaluation)
     return 0

@@ -1,5 +1,5 @@
 """Datasets read where they lie, in the layouts other tools write: ``yolo3 preprocess
---data PATH`` and ``yolo3 kmeans --data PATH``.
+--data PATH``, ``yolo3 kmeans --data PATH`` and ``yolo3 evaluate --data PATH --split S``.
 
 =========  ===================================================  ==========================
 format     ``--data``                                           module
@@ -109,9 +109,7 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None, split
     if unknown:
         raise ValueError(f"split {unknown[0]!r}: a dataset's splits are {', '.join(SPLITS)}")
     data_format = data_format or detect_format(path)
-    entry = next((entry for entry in REGISTRY if entry.name == data_format), None)
-    if entry is None:
-        raise ValueError(f"--data-format {data_format!r}: use one of {', '.join(FORMATS)}")
+    entry = registered(data_format)
     if classes is not None and not entry.takes_classes:
         raise ValueError(
             f"--classes: a {data_format} dataset names its classes itself; drop --classes"
@@ -123,6 +121,36 @@ def read_dataset(path, *, data_format=None, classes=None, image_root=None, split
     )
     named = tuple(split for split in SPLITS if split in named)
     return SourceDataset(data_format, path, list(names), read, rejects, counts, named)
+
+
+def read_split(path, split, **options):
+    """The dataset at ``path`` with only its ``split`` read (:func:`read_dataset`'s
+    ``options``): ``.splits[split]`` holds at least one entry.
+
+    Raises:
+        ValueError: one line naming the dataset, for a split it does not name (with those it
+            does) or one that holds no image, besides :func:`read_dataset`'s.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"--split {split}: a dataset's splits are {', '.join(SPLITS)}")
+    dataset = read_dataset(path, splits=(split,), **options)
+    if split not in dataset.splits:
+        raise ValueError(
+            f"--data {dataset.path} has no {split} split (it has: {', '.join(dataset.named)}); "
+            f"give --split {' or '.join(dataset.named)}"
+        )
+    if not dataset.splits[split]:
+        raise ValueError(f"--data {dataset.path}: its {split} split holds no image")
+    return dataset
+
+
+def registered(data_format):
+    """The :class:`DatasetFormat` of :data:`REGISTRY` named ``data_format``; ValueError
+    naming ``--data-format`` when none is."""
+    entry = next((entry for entry in REGISTRY if entry.name == data_format), None)
+    if entry is None:
+        raise ValueError(f"--data-format {data_format!r}: use one of {', '.join(FORMATS)}")
+    return entry
 
 
 def _read_yolo_layout(path, data_format, splits):
@@ -250,4 +278,6 @@ __all__ = [
     "add_arguments",
     "detect_format",
     "read_dataset",
+    "read_split",
+    "registered",
 ]
