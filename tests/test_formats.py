@@ -384,3 +384,23 @@ def test_roboflow_yaml_and_darknet_voc_labels(datasets, tmp_path, monkeypatch):
     # c.txt and d's missing label: c's label file lies in labels/ with no listed image,
     # but its image is in JPEGImages/, so it is not an orphan.
     assert not dataset.rejects
+
+
+@pytest.mark.parametrize("data_format", ["darknet", "coco", "voc"])
+def test_train_data_caches_each_format_with_its_validation_split(datasets, data_format, tmp_path):
+    """``yolo3 train --data``'s first stage for the formats the one-command test
+    (tests/test_train_data.py, a YOLO export) does not train on: the records and the
+    dataset's own validation split in the cache, found again by a second call."""
+    from yolo3.data import cache  # noqa: PLC0415
+    from yolo3.data.preprocess import PreprocessConfig  # noqa: PLC0415
+
+    config = PreprocessConfig(
+        output="", input_size=(32, 32), data=datasets[data_format], copies=0,
+        classes=tuple(NAMES) if data_format == "voc" else (),
+    )  # fmt: skip
+    first = cache.prepare(config, cache_dir=tmp_path, workers=1, log=lambda line: None)
+    manifest = json.loads((tmp_path / first.records / "manifest.json").read_text())
+    assert manifest["source_images"] == {"train": 4, "val": 1}
+    assert manifest["validation"]["source"] == "named"
+    again = cache.prepare(config, cache_dir=tmp_path, workers=1, log=lambda line: None)
+    assert again.records == first.records and first.built and not again.built

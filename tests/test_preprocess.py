@@ -583,7 +583,7 @@ def test_a_validation_split_is_always_held_out_or_refused_aloud(tmp_path, capsys
     assert manifest["validation"]["source"] == "held_out"
     assert manifest["validation"]["fraction"] == 0.1
     out = capsys.readouterr().out
-    assert "validation: held out of the training images: 10% of the images (the default" in out
+    assert "validation: held out of the training images: 10% of the images, seed 0;" in out
     assert _run([*base, "--output", str(tmp_path / "none"), "--val-fraction", "0"]) == 0
     manifest = records.read_manifest(str(tmp_path / "none"))
     assert list(manifest["splits"]) == ["train"] and manifest["validation"]["source"] == "none"

@@ -46,39 +46,39 @@ from yolo3.model.resources import parse_size, read_classes
 from yolo3.text import plural
 
 
-def build_parser():
-    parser = ArgumentParser(
-        description="Pack annotated images into letterboxed and augmented TFRecord shards."
-    )
-    parser.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
+def add_dataset_arguments(parser, group=None):
+    """The flags that name a dataset, its split and its records' size, on ``parser`` (in
+    ``group`` when given): ``yolo3 preprocess`` and ``yolo3 train --data`` take them alike.
+    Returns the group of the validation split's flags."""
+    into = group or parser
+    into.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
     formats.add_arguments(
-        parser,
+        into,
         data_help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
         "(Darknet), a COCO JSON or a VOCdevkit folder",
     )
-    parser.add_argument(
+    into.add_argument(
         "--classes",
         help="classes file, one name per line (with --data: only for voc, the classes to keep)",
     )
-    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
-    parser.add_argument(
+    into.add_argument(
         "--input-size",
         type=argument_type(parse_size),
         default=(416, 416),
         help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
     )
-    parser.add_argument(
+    into.add_argument(
         "--copies",
         type=int,
         default=4,
         help="augmented copies per training image, besides the clean one",
     )
-    parser.add_argument(
+    into.add_argument(
         "--image-root",
         help="folder relative image paths start from (default: each annotation file's "
         "folder; with a COCO --data, the folder of the images)",
     )
-    split = parser.add_argument_group("validation split and class filter")
+    split = group or parser.add_argument_group("validation split and class filter")
     split.add_argument(
         "--val-annotations",
         nargs="+",
@@ -92,6 +92,29 @@ def build_parser():
         f"validation split (default: {preprocess.DEFAULT_VAL_FRACTION:g}, seeded by --seed; "
         "0: train without one)",
     )
+    return split
+
+
+def dataset_config(args, **settings):
+    """The :class:`yolo3.data.preprocess.PreprocessConfig` of :func:`add_dataset_arguments`'
+    flags (and those of ``yolo3 preprocess`` alone, where ``args`` has them); ``settings``:
+    fields given otherwise. Raises ValueError naming the flag a dataset lacks (the config's
+    checks)."""
+    return dataclass_from_args(
+        preprocess.PreprocessConfig,
+        args,
+        annotations=tuple(args.annotations or ()),
+        classes=tuple(read_classes(args.classes)) if args.classes else (),
+        **settings,
+    )
+
+
+def build_parser():
+    parser = ArgumentParser(
+        description="Pack annotated images into letterboxed and augmented TFRecord shards."
+    )
+    split = add_dataset_arguments(parser)
+    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
     split.add_argument("--val-per-class", type=int, help="carve N images per class out")
     split.add_argument(
         "--min-images-per-class",
@@ -207,23 +230,11 @@ def _rejected_warning(manifest, output):
 def _preprocess(args, parser):
     if args.verify:
         return _verify(args.verify)
-    if not args.data and not args.annotations:
+    if not args.output:
         parser.print_usage(sys.stderr)
-        return fail("give the dataset: --data PATH, or --annotations FILE with --classes FILE")
-    needed = ("output",) if args.data else ("classes", "output")
-    missing = [flag for flag in needed if not getattr(args, flag)]
-    if missing:
-        parser.print_usage(sys.stderr)
-        return fail(f"--{' and --'.join(missing)} required")
-    if args.data and args.annotations:
-        return fail("give --annotations or --data, not both")
-    config = dataclass_from_args(
-        preprocess.PreprocessConfig,
-        args,
-        annotations=tuple(args.annotations or ()),
-        classes=tuple(read_classes(args.classes)) if args.classes else (),
-        image_format=args.format,
-        augment=dataclass_from_args(AugmentConfig, args),
+        return fail("--output required: the folder the record set is written to")
+    config = dataset_config(
+        args, image_format=args.format, augment=dataclass_from_args(AugmentConfig, args)
     )
     manifest = preprocess.run(
         config,

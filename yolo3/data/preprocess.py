@@ -422,11 +422,14 @@ def _validation_split(config, train, val):
     fraction, per_class = config.val_fraction, config.val_per_class
     if fraction is None and per_class is None:
         fraction = DEFAULT_VAL_FRACTION
-        how = f"{fraction:.0%} of the images (the default; --val-fraction F chooses another share)"
+        how = (
+            f"{fraction:.0%} of the images, seed {config.seed}; --val-fraction F holds out "
+            "another share"
+        )
     elif per_class is not None:
-        how = f"{per_class} images per class (--val-per-class)"
+        how = f"{per_class} images per class (--val-per-class), seed {config.seed}"
     else:
-        how = f"{fraction:g} of the images (--val-fraction)"
+        how = f"{fraction:g} of the images (--val-fraction), seed {config.seed}"
     distinct = len({entry.path for entry in train})
     if distinct < 2:
         text = (
@@ -437,7 +440,7 @@ def _validation_split(config, train, val):
     train, val = hygiene.split_validation(
         train, fraction=fraction, per_class=per_class, seed=config.seed
     )
-    text = f"held out of the training images: {how}, seed {config.seed}"
+    text = f"held out of the training images: {how}"
     return train, val, {"source": "held_out", "text": text, "fraction": fraction}
 
 
@@ -595,7 +598,9 @@ class _Renderer:
             self.pool.join()
 
 
-def run(config, *, workers=None, overwrite=False, strict=False, progress="auto", log=print):
+def run(
+    config, *, workers=None, overwrite=False, strict=False, progress="auto", log=print, dataset=None
+):
     """Preprocesses ``config.annotations`` into a record set at ``config.output``.
 
     Over 80 lines: the run's steps in the order they happen, from the plan and the resume
@@ -603,6 +608,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
 
     ``progress``: one of :data:`yolo3.progress.PROGRESS_CHOICES` (auto: a bar on a
     terminal, else a line every 30 s through ``log``).
+    ``dataset``: :func:`load_dataset`'s of ``config``, when the caller has read it already.
 
     Returns:
         The manifest dict (also written to ``manifest.json``).
@@ -613,7 +619,7 @@ def run(config, *, workers=None, overwrite=False, strict=False, progress="auto",
     from yolo3.data import records  # noqa: PLC0415 - TensorFlow: parent only
 
     workers = workers or available_cores()
-    dataset = load_dataset(config)
+    dataset = dataset or load_dataset(config)
     if strict and dataset.rejects:
         raise RejectError(_describe_rejects(STRICT_HEADER, dataset.rejects))
     if not dataset.splits["train"]:

@@ -455,6 +455,12 @@ def _parse_tf_config(env):
     return cluster, task, config.get("rpc_layer")
 
 
+def num_tasks(env):
+    """How many processes the job has, from ``TF_CONFIG`` or Slurm in ``env`` (1: alone),
+    before any strategy is built."""
+    return max(_tf_config_num_tasks(env), _slurm_num_tasks(env), 1)
+
+
 def _tf_config_num_tasks(env):
     cluster, task, _ = _parse_tf_config(env)
     if cluster.get("ps"):

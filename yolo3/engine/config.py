@@ -83,7 +83,11 @@ def setting(default=dataclasses.MISSING, *, group, help=None, flag=None, **cli):
 class TrainConfig:
     """Every setting of a run; saved as ``config.json`` beside the checkpoints."""
 
-    records: str = setting(group="data", help="record set from yolo3 preprocess")
+    records: str = setting(
+        group="data",
+        help="record set from yolo3 preprocess (or --data: a dataset, preprocessed here)",
+        cli_default=None,
+    )
     log_dir: str = setting(
         group="checkpoints",
         help="checkpoints, TensorBoard, config",
@@ -391,7 +395,10 @@ class TrainConfig:
         None,
         group="logging",
         metavar="K",
-        help="evaluate mAP@0.5 on the validation split every K epochs (chief)",
+        help="score COCO AP and AP50 on the validation split every K epochs and at the last "
+        "(chief); the best weights are the epoch of the highest 0.9 AP + 0.1 AP50. Default: "
+        "each epoch while a pass costs at most a tenth of an epoch's time, else every K "
+        "chosen so; 0: never, and the best weights are those of the lowest validation loss",
     )
     benchmark: bool = setting(
         False,
@@ -470,6 +477,10 @@ class TrainConfig:
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
             (self.close_mosaic >= 0, "--close-mosaic must be >= 0 epochs"),
+            (
+                self.map_every is None or self.map_every >= 0,
+                "--map-every must be >= 0 epochs (0: never)",
+            ),
             (self.accumulate >= 1, "--accumulate must be >= 1 (micro-batches per step)"),
             (
                 self.collective_timeout is None or self.collective_timeout > 0,

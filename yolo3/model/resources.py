@@ -58,6 +58,12 @@ def model_type_for_anchors(num_anchors):
     return "yolov3" if num_anchors == 9 else "tiny"
 
 
+def anchors_of_model(model_type):
+    """How many anchors ``model_type`` takes: 9 for ``"yolov3"``, 6 for ``"tiny"``."""
+    (count,) = [n for n in DEFAULT_ANCHOR_MASKS if model_type_for_anchors(n) == model_type]
+    return count
+
+
 def default_anchor_masks(num_anchors):
     model_type_for_anchors(num_anchors)
     return DEFAULT_ANCHOR_MASKS[num_anchors]

@@ -77,8 +77,11 @@ def configure(config):
     return precision
 
 
-def run(config, *, log=print):
+def run(config, *, log=print, started=None):
     """Trains as ``config`` says. :func:`configure` must have run first.
+
+    ``started``: ``time.perf_counter()`` when the command began (``--time`` counts from it;
+    default: now).
 
     Returns:
         A :class:`TrainResult`.
@@ -90,14 +93,16 @@ def run(config, *, log=print):
     """
     # Any write may find the disk full (config, TensorBoard, checkpoints, backups).
     with faults.out_of_space_fails(config.log_dir):
-        return _run(config, log=log)
+        return _run(config, log=log, started=started)
 
 
-def _run(config, *, log):
-    started = time.perf_counter()
+def _run(config, *, log, started=None):
+    started = time.perf_counter() if started is None else started
     keras.utils.set_random_seed(config.seed)
     strategy, info = builders.build_strategy(config)
     setup = builders.resolve_setup(config, strategy, info, builders.read_data(config))
+    if info.is_chief:
+        log(validation_line(setup.data))
     if config.resume:
         saved = resume.read_saved(config.log_dir)
         resume.check_resumed(saved, dataclasses.asdict(config), setup.resolved, log=log)
@@ -143,6 +148,22 @@ def _train(config, strategy, setup, tracking, started, log):
     verbose = progress == "bar" and info.is_chief
     history = fit(config, setup, trainer, datasets, hooks, initial_epoch, skip_steps, verbose)
     return _finish(config, setup, trainer, hooks, history, initial_epoch, started, log)
+
+
+def validation_line(data):
+    """Where a run's validation images come from and how many (:class:`RunData` ``data``)."""
+    if data.val_source is None:
+        return (
+            f"validation: none; {data.record_set} has no validation split (yolo3 preprocess "
+            "--val-fraction F holds one out) and no --val-records was given: the best weights "
+            "are picked by the training loss"
+        )
+    record_set, split = data.val_source
+    images = record_set.manifest["splits"][split].get("images", "?")
+    origin = record_set.manifest.get("validation", {}).get("text")
+    return f"validation: {images} images, the {split} split of {record_set}" + (
+        f" ({origin})" if origin else ""
+    )
 
 
 def _write_config(config, setup):
@@ -252,6 +273,7 @@ def _finish(config, setup, trainer, hooks, history, initial_epoch, started, log)
         hooks.backup.remove()
     log(f"trained to epoch {epochs_done} in {time.perf_counter() - started:.1f} s")
     if info.is_chief and preemption.stopped_at is None:
+        _final_report(config, hooks.evaluation, log)
         for line in _summary(config, setup.checkpoint_dir):
             log(line)
     if hooks.tracking is not None:
@@ -272,6 +294,22 @@ def _finish(config, setup, trainer, hooks, history, initial_epoch, started, log)
     )
 
 
+def _final_report(config, evaluation, log):
+    """The last AP pass's report in ``<log_dir>/val``: metrics, per-class PR curves, the
+    gallery and the confusion matrix (:func:`yolo3.evaluation.validate.write_report`)."""
+    if evaluation is None or evaluation.latest is None:
+        return
+    from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and plots
+
+    folder = os.path.join(config.log_dir, "val")
+    validate.write_report(evaluation.latest, folder)
+    epoch = evaluation.history[-1][0]
+    log(
+        f"validation report of epoch {epoch}: {folder} (metrics.json, confusion_matrix.png, "
+        "pr/, gallery.png); results.csv and results.png in " + config.log_dir
+    )
+
+
 def _summary(config, checkpoint_dir):
     """The lines that end a run: the best epoch, where the weights are, what to run next."""
     last = os.path.join(checkpoint_dir, yolo_callbacks.LAST)
@@ -283,11 +321,16 @@ def _summary(config, checkpoint_dir):
         saved = read_metadata(best) or {}
         logs = saved.get("logs", {})
         validated = "val_loss" in logs
-        keys = ("val_loss", yolo_callbacks.MAP_KEY)
+        keys = (yolo_callbacks.AP_KEY, yolo_callbacks.AP50_KEY, "val_loss")
         figures = [f"{key} {logs[key]:.4g}" for key in keys if key in logs]
-        if not validated and "loss" in logs:
-            figures = [f"training loss {logs['loss']:.4g} (no validation split)"]
-        lines.append(f"best epoch {saved.get('epoch')}: {', '.join(figures)}")
+        if yolo_callbacks.FITNESS_KEY in logs:
+            how = "picked by 0.9 AP + 0.1 AP50 on the validation images"
+        elif validated:
+            how = "picked by the validation loss (no AP measured: --map-every 0)"
+        else:
+            how = "picked by the training loss: no validation split"
+            figures = [f"training loss {logs['loss']:.4g}"] if "loss" in logs else []
+        lines.append(f"best epoch {saved.get('epoch')}: {', '.join(figures)} ({how})")
         lines.append(f"weights: {best} (best), {last} (last)")
         chosen = best
     else:
