@@ -18,10 +18,12 @@ The repository's ``callbacks/`` folder, installed as ``yolo3.callbacks``.
 - :class:`PlateauScale`: lowers the learning-rate scale when validation loss stalls.
 - :class:`TimeBudget`: fits the run's epochs and learning-rate schedule to ``--time``.
 - :class:`CloseMosaic`: the last epochs read no mosaic records (``--close-mosaic``).
-- :class:`MapEvaluation`: mAP@0.5 on the validation split every k epochs.
+- :class:`MapEvaluation`: COCO AP on the validation split each epoch (or every k), and
+  the fitness that picks the best weights.
 - :class:`LearningRateLogger`: puts the learning rate into the epoch logs (TensorBoard).
 - :class:`EpochHistory`: one JSON line per epoch in ``history.jsonl`` (losses, mAP, the
   training clock).
+- :class:`ResultsFiles`: ``results.csv`` and ``results.png``, from the history.
 
 :mod:`yolo3.callbacks.mlflow_tracking` (``MlflowTracking``, for ``--mlflow``) is left out
 of this namespace: only a run that tracks imports it, and MLflow with it.
@@ -33,7 +35,7 @@ from yolo3.status import TrainingStatus
 
 from .backup import WorkerBackup
 from .checkpoint import TemplateCheckpoint
-from .evaluation import MAP_KEY, MapEvaluation
+from .evaluation import AP50_KEY, AP_KEY, FITNESS_KEY, MAP_KEY, MapEvaluation, fitness
 from .history import HISTORY_FILE, EpochHistory, read_history
 from .monitor import LearningRateLogger, ProgressLines, StopOnNonFinite, Throughput
 from .preemption import PREEMPTED_STATUS, Preemption, make_stop_flag
@@ -49,6 +51,9 @@ __all__ = [
     "FreezeSchedule",
     "LearningRateLogger",
     "LocalSync",
+    "AP50_KEY",
+    "AP_KEY",
+    "FITNESS_KEY",
     "MAP_KEY",
     "MapEvaluation",
     "PREEMPTED_STATUS",
@@ -64,6 +69,7 @@ __all__ = [
     "Throughput",
     "TrainingStatus",
     "WorkerBackup",
+    "fitness",
     "make_stop_flag",
     "read_history",
     "read_training_state",

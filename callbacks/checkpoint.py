@@ -6,7 +6,9 @@ that are deleted, because reading some distributed variables is a collective tha
 worker must join):
 
 ``last.weights.h5``           the bare ``yolo_body`` after the latest epoch
-``best.weights.h5``           the bare ``yolo_body`` with the lowest ``monitor`` (val_loss)
+``best.weights.h5``           the bare ``yolo_body`` of the best ``monitor``: the highest
+                              ``val_fitness`` (COCO AP) where AP is measured, else the
+                              lowest ``val_loss``
 ``epoch-0010.weights.h5``     every ``every`` epochs, when asked
 ``state.weights.h5``          the whole trainer: body, optimizer slots and step counter,
                               learning-rate scale; its metadata holds the finished epoch
@@ -43,7 +45,8 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         worker: this process's :class:`yolo3.distributed.strategy.WorkerInfo` (None: a
             single process).
         every: also keep ``epoch-NNNN.weights.h5`` every ``every`` epochs (None: never).
-        monitor: the log that picks ``best.weights.h5``, lower is better.
+        monitor: the log that picks ``best.weights.h5``; an epoch without it is no candidate.
+        mode: ``"min"`` (lower is better, a loss) or ``"max"`` (higher, the fitness).
         metadata: JSON-able dict stored in every file (classes, anchors, input size...).
         status: the trainer's :class:`TrainingStatus`; an epoch the job stopped in is not
             saved (None: the job never asks to stop).
@@ -60,6 +63,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         worker=None,
         every=None,
         monitor="val_loss",
+        mode="min",
         metadata=None,
         status=None,
         averaged=None,
@@ -72,13 +76,23 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         self.body = body
         self.every = every
         self.monitor = monitor
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode {mode!r}: min or max")
+        self.mode = mode
         self.metadata = dict(metadata or {})
-        self.best = math.inf
+        self.best = None  # the best monitored value so far
+
+    def _better(self, value):
+        if value is None:
+            return False
+        if self.best is None:
+            return True
+        return value < self.best if self.mode == "min" else value > self.best
 
     def on_train_begin(self, logs=None):
         best = os.path.join(self.directory, BEST)
         if os.path.exists(best):  # a resumed run keeps the best it had found
-            self.best = read_metadata(best).get("logs", {}).get(self.monitor, math.inf)
+            self.best = read_metadata(best).get("logs", {}).get(self.monitor)
         if self.worker.is_chief:
             os.makedirs(self.directory, exist_ok=True)
             remove_temporaries(self.directory)  # writes a killed run left unfinished
@@ -110,7 +124,7 @@ class TemplateCheckpoint(keras.callbacks.Callback):
         self._save_template(LAST, metadata)
         copies = []
         value = logs.get(self.monitor)
-        if value is not None and value < self.best:
+        if self._better(value):
             self.best = value
             copies.append(BEST)
         if self.every and finished % self.every == 0:
@@ -121,6 +135,6 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             for name in copies:
                 with atomic_write(os.path.join(self.directory, name)) as temp:
                     shutil.copyfile(last, temp)
-        state = {**metadata, "best": self.best if math.isfinite(self.best) else None}
+        state = {**metadata, "best": self.best}
         with self._where(STATE) as path, atomic_write(path) as temp:
             write_weights_file(self.model, temp, state)

@@ -1,4 +1,5 @@
-"""mAP during training, every few epochs, on the chief."""
+"""COCO AP during training, each epoch or every few, on the chief; the fitness that picks
+the best weights."""
 
 import contextlib
 import math
@@ -17,13 +18,36 @@ from yolo3.status import TrainingStatus
 # GALLERY_COLUMNS. The same images every time, so the pictures show the model learning.
 TENSORBOARD_RUN = "evaluation"
 MAP_KEY = "val_mAP50"  # the epoch logs' mAP@0.5 (history.jsonl, checkpoints, TensorBoard)
+AP_KEY = "val_AP"  # COCO AP@[.5:.95] by pycocotools
+AP50_KEY = "val_AP50"  # COCO AP@0.5 by pycocotools (101-point; MAP_KEY is VOC's all-point)
+FITNESS_KEY = "val_fitness"  # what picks best.weights.h5, higher is better
+# The fitness: mostly AP@[.5:.95], the figure a detector is judged by, which rewards tight
+# boxes; a tenth AP50, which moves first early in training when AP is still near 0 and breaks
+# its ties there. Ultralytics weighs them so too.
+FITNESS_WEIGHTS = ((AP_KEY, 0.9), (AP50_KEY, 0.1))
+# With every=None the evaluation runs each epoch while it costs at most this share of the
+# epoch's time; when it costs more, every K epochs, K chosen after the first so it does not.
+COST_SHARE = 0.1
 GALLERY_IMAGES = 6
 GALLERY_COLUMNS = 3
 GALLERY_TILE = 256
 
 
+def fitness(logs):
+    """The fitness of an epoch's ``logs`` (:data:`FITNESS_WEIGHTS`), or None without AP."""
+    if any(key not in logs for key, _ in FITNESS_WEIGHTS):
+        return None
+    return sum(weight * float(logs[key]) for key, weight in FITNESS_WEIGHTS)
+
+
 class MapEvaluation(keras.callbacks.Callback):
-    """Adds ``val_mAP50`` to the epoch logs every ``every`` epochs (TensorBoard, checkpoints).
+    """Adds COCO AP (``val_AP``, ``val_AP50``), their :func:`fitness` (``val_fitness``) and
+    VOC's ``val_mAP50`` to the logs of evaluated epochs (TensorBoard, checkpoints, history).
+
+    ``every`` None: each epoch, as long as an evaluation costs at most :data:`COST_SHARE` of
+    the first epoch's time; if it costs more, every K epochs with K the smallest that keeps
+    to the share, chosen after the first evaluation and logged. The last epoch of ``fit`` is
+    evaluated whatever K, so the run's last weights are always scored.
 
     With ``tensorboard_dir``, each evaluation also writes to the TensorBoard run
     ``<tensorboard_dir>/evaluation``, at the step Keras's TensorBoard callback gives the
@@ -51,7 +75,7 @@ class MapEvaluation(keras.callbacks.Callback):
         split: the record-set split.
         head: the :class:`yolo3.model.head.HeadSpec` the model is trained with (classes,
             anchors of each level, grid sensitivity).
-        every: epochs between evaluations.
+        every: epochs between evaluations; None: chosen by cost (above).
         limit: evaluate at most this many images.
         tensorboard_dir: the folder of the run's TensorBoard logs; None writes nothing.
         log: a callable given one line per evaluation.
@@ -70,7 +94,9 @@ class MapEvaluation(keras.callbacks.Callback):
         self.source = source
         self.split = split
         self.head = head
-        self.every = int(every)
+        self.every = None if every is None else int(every)
+        self.chosen = every is not None  # every is fixed: given, or chosen by cost
+        self._epoch_started = None
         self.limit = limit
         self.tensorboard_dir = tensorboard_dir
         self.log = log
@@ -79,9 +105,17 @@ class MapEvaluation(keras.callbacks.Callback):
         self.latest = None  # the last Evaluation, for a report at the run's end (MLflow)
         self._writer = None
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_started = time.perf_counter()
+
+    def _due(self, epoch):
+        last = (self.params or {}).get("epochs") == epoch + 1
+        return last or self.every is None or (epoch + 1) % self.every == 0
+
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self.every or self.status.stop_requested:
+        if not self._due(epoch) or self.status.stop_requested:
             return
+        epoch_seconds = time.perf_counter() - (self._epoch_started or time.perf_counter())
         from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 
         begun = time.perf_counter()
@@ -91,20 +125,50 @@ class MapEvaluation(keras.callbacks.Callback):
                 self.source,
                 head=self.head,
                 split=self.split,
-                coco=False,
+                coco=True,
                 gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,
                 limit=self.limit,
             )
         value = evaluation.map50
         self.history.append((epoch + 1, value))
         self.latest = evaluation
-        if logs is not None and math.isfinite(value):
-            logs[MAP_KEY] = value
+        figures = {MAP_KEY: value}
+        figures[AP_KEY] = float((evaluation.coco or {}).get("AP", math.nan))
+        figures[AP50_KEY] = float((evaluation.coco or {}).get("AP50", math.nan))
+        figures = {key: v for key, v in figures.items() if math.isfinite(v)}
+        score = fitness(figures)
+        if score is not None:
+            figures[FITNESS_KEY] = score
+        if logs is not None:
+            logs.update(figures)
         if self.tensorboard_dir:
             self.write_summaries(evaluation, epoch)
+        spent = time.perf_counter() - begun
+        self.seconds += spent
         if self.log:
-            self.log(f"epoch {epoch + 1}: mAP@0.5 {value:.4f} on {evaluation.num_images} images")
-        self.seconds += time.perf_counter() - begun
+            ap = (
+                "" if score is None else f"AP {figures[AP_KEY]:.4f}, AP50 {figures[AP50_KEY]:.4f}, "
+            )
+            self.log(
+                f"epoch {epoch + 1}: {ap}mAP@0.5 (VOC) {value:.4f} on "
+                f"{evaluation.num_images} validation images in {spent:.1f} s"
+            )
+        if not self.chosen:
+            self._choose_every(spent, epoch_seconds)
+
+    def _choose_every(self, spent, epoch_seconds):
+        """After the first evaluation: every epoch if it costs at most COST_SHARE of one, else
+        every K epochs with K the smallest that keeps to the share."""
+        self.chosen = True
+        if spent <= COST_SHARE * epoch_seconds:
+            return
+        self.every = math.ceil(spent / (COST_SHARE * max(epoch_seconds, 1e-9)))
+        if self.log:
+            self.log(
+                f"AP every {self.every} epochs and at the last: an evaluation took {spent:.1f} s, "
+                f"over {COST_SHARE:.0%} of an epoch's {epoch_seconds:.1f} s (--map-every K "
+                "chooses)"
+            )
 
     def write_summaries(self, evaluation, step):
         """Writes ``evaluation``'s per-class AP and gallery at ``step`` (see the class)."""

@@ -95,17 +95,22 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
     }
     metadata = read_metadata(str(checkpoints / "last.weights.h5"))
     assert metadata["epoch"] == 2
-    # The run ends with what a user looks for next: the best epoch with its figures, the
-    # weights, and the commands to run on them.
+    # The run ends with what a user looks for next: the validation report, the best epoch
+    # with its figures (the only one AP was measured on: best by AP, whatever the losses),
+    # the weights, and the commands to run on them.
     best = read_metadata(str(checkpoints / "best.weights.h5"))
-    val_loss = result.history["val_loss"][best["epoch"] - 1]
-    assert best["logs"]["val_loss"] == pytest.approx(min(result.history["val_loss"]))
+    assert best["epoch"] == 2 and best["logs"]["val_fitness"] == pytest.approx(
+        0.9 * result.history["val_AP"][-1] + 0.1 * result.history["val_AP50"][-1]
+    )
     summary = logged[logged.index(next(m for m in logged if m.startswith("trained to"))) + 1 :]
-    figures = f"val_loss {val_loss:.4g}"
-    if best["epoch"] == 2:
-        figures += f", val_mAP50 {result.history['val_mAP50'][-1]:.4g}"
+    logs = best["logs"]
+    figures = f"val_AP {logs['val_AP']:.4g}, val_AP50 {logs['val_AP50']:.4g}, "
+    figures += f"val_loss {logs['val_loss']:.4g}"
+    assert (tmp_path / "val" / "confusion_matrix.csv").exists()
     assert summary == [
-        f"best epoch {best['epoch']}: {figures}",
+        f"validation report of epoch 2: {tmp_path / 'val'} (metrics.json, confusion_matrix.png,"
+        f" pr/, gallery.png); results.csv and results.png in {tmp_path}",
+        f"best epoch 2: {figures} (picked by 0.9 AP + 0.1 AP50 on the validation images)",
         f"weights: {checkpoints / 'best.weights.h5'} (best), {checkpoints / 'last.weights.h5'} "
         "(last)",
         f"next: yolo3 detect --weights {checkpoints / 'best.weights.h5'} --output "
@@ -324,9 +329,13 @@ def test_every_setting_is_one_flag_whose_default_is_the_settings_default(tmp_pat
     flags = {o for action in parser._actions for o in action.option_strings}
     fields = dataclasses.fields(training.TrainConfig)
     assert {run_config.flag_of(field) for field in fields} <= flags
-    # Flags that are no setting: -h, --help, --model (the earlier --model-type), --quiet and
-    # --test-io.
-    assert len(flags) == len(fields) + 5
+    # Flags that are no setting: -h, --help, --model (the earlier --model-type), --quiet,
+    # --test-io, and the dataset's of --data (yolo3.commands.preprocess.add_dataset_arguments,
+    # and --cache-dir).
+    dataset = {"--annotations", "--data", "--data-format", "--classes", "--input-size"}
+    dataset |= {"--copies", "--image-root", "--val-annotations", "--val-fraction", "--cache-dir"}
+    assert dataset <= flags
+    assert len(flags) == len(fields) + 5 + len(dataset)
     log_dir = str(tmp_path / "run")
     parsed = train.config_from_args(parser.parse_args(["--records", "r", "--log-dir", log_dir]))
     assert parsed == training.TrainConfig(records="r", log_dir=log_dir)

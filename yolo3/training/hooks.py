@@ -26,6 +26,7 @@ class Hooks:
     preemption: yolo_callbacks.Preemption
     backup: yolo_callbacks.WorkerBackup
     tracking: object = None  # the chief's yolo3.callbacks.mlflow_tracking.MlflowTracking
+    evaluation: object = None  # the chief's yolo3.callbacks.MapEvaluation, if AP is measured
 
 
 def build_tracking(config, setup, log):
@@ -67,12 +68,12 @@ def build_hooks(
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
-    callbacks, throughput, nonfinite = build_callbacks(
+    callbacks, throughput, nonfinite, evaluation = build_callbacks(
         config,
         setup,
         progress=progress,
         trainer=trainer,
-        monitor="val_loss" if setup.data.val_source else "loss",
+        monitor=loss_monitor(setup),
         backup=backup,
         preemption=preemption,
         log=log,
@@ -80,7 +81,21 @@ def build_hooks(
         started=started,
         mosaic=mosaic,
     )
-    return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking)
+    return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking, evaluation)
+
+
+def loss_monitor(setup):
+    """The loss the learning-rate plateau and early stopping watch: the validation loss,
+    else the training loss."""
+    return "val_loss" if setup.data.val_source else "loss"
+
+
+def best_monitor(config, setup):
+    """``(log key, mode)`` that picks ``best.weights.h5``: the fitness of COCO AP where AP is
+    measured (a validation split, ``--map-every`` not 0), else :func:`loss_monitor`'s."""
+    if config.map_every != 0 and setup.data.val_source:
+        return yolo_callbacks.FITNESS_KEY, "max"
+    return loss_monitor(setup), "min"
 
 
 def build_callbacks(
@@ -97,7 +112,8 @@ def build_callbacks(
     started=None,
     mosaic=None,
 ):
-    """The callbacks of a run, in the order they must see each epoch's logs.
+    """The callbacks of a run, in the order they must see each epoch's logs, and those the
+    run reads itself: ``(callbacks, throughput, nonfinite, evaluation)``.
 
     Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard,
     MLflow (``tracking``) and the checkpoints, which record them.
@@ -121,7 +137,7 @@ def build_callbacks(
         ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
     ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
     map_source, map_evaluation = setup.data.val_source, None
-    if config.map_every and map_source and info.is_chief:
+    if config.map_every != 0 and map_source and info.is_chief:
         map_evaluation = yolo_callbacks.MapEvaluation(
             body,
             map_source[0],
@@ -166,6 +182,7 @@ def build_callbacks(
     if tracking is not None:
         tracking.attach(trainer.status, map_evaluation)
         ordered.append(tracking)
+    best_key, best_mode = best_monitor(config, setup)
     ordered += [
         backup,
         yolo_callbacks.TemplateCheckpoint(
@@ -173,16 +190,19 @@ def build_callbacks(
             body,
             worker=info,
             every=config.checkpoint_every,
-            monitor=monitor,
+            monitor=best_key,
+            mode=best_mode,
             metadata=metadata,
             status=trainer.status,
             averaged=trainer.averaged_weights,
         ),
     ]
     if info.is_chief:  # after the epoch's backup and checkpoints: its clock includes them
-        ordered.append(
-            yolo_callbacks.EpochHistory(config.log_dir, started=started, evaluation=map_evaluation)
+        history = yolo_callbacks.EpochHistory(
+            config.log_dir, started=started, evaluation=map_evaluation
         )
+        # results.csv and results.png from the history just written.
+        ordered += [history, yolo_callbacks.ResultsFiles(config.log_dir, history=history)]
     if budget is not None:
         ordered.append(budget)
     if mosaic is not None:
@@ -207,4 +227,4 @@ def build_callbacks(
                 monitor=monitor, patience=config.early_stopping_patience, verbose=1
             )
         )
-    return ordered, throughput, nonfinite
+    return ordered, throughput, nonfinite, map_evaluation
