@@ -45,9 +45,10 @@ class MapEvaluation(keras.callbacks.Callback):
     VOC's ``val_mAP50`` to the logs of evaluated epochs (TensorBoard, checkpoints, history).
 
     ``every`` None: each epoch, as long as an evaluation costs at most :data:`COST_SHARE` of
-    the first epoch's time; if it costs more, every K epochs with K the smallest that keeps
-    to the share, chosen after the first evaluation and logged. The last epoch of ``fit`` is
-    evaluated whatever K, so the run's last weights are always scored.
+    the epoch's time; if it costs more, every K epochs with K the smallest that keeps to the
+    share, chosen again after each evaluation (the first pays for tracing the detector, the
+    next ones do not) and logged when it changes. The last epoch of ``fit`` is evaluated
+    whatever K, so the run's last weights are always scored.
 
     With ``tensorboard_dir``, each evaluation also writes to the TensorBoard run
     ``<tensorboard_dir>/evaluation``, at the step Keras's TensorBoard callback gives the
@@ -95,8 +96,9 @@ class MapEvaluation(keras.callbacks.Callback):
         self.split = split
         self.head = head
         self.every = None if every is None else int(every)
-        self.chosen = every is not None  # every is fixed: given, or chosen by cost
+        self.fixed = every is not None  # given; else chosen by cost after each evaluation
         self._epoch_started = None
+        self._evaluated = 0  # the last epoch evaluated, from 1
         self.limit = limit
         self.tensorboard_dir = tensorboard_dir
         self.log = log
@@ -110,7 +112,9 @@ class MapEvaluation(keras.callbacks.Callback):
 
     def _due(self, epoch):
         last = (self.params or {}).get("epochs") == epoch + 1
-        return last or self.every is None or (epoch + 1) % self.every == 0
+        if self.fixed:
+            return last or (epoch + 1) % self.every == 0
+        return last or self.every is None or epoch + 1 - self._evaluated >= self.every
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._due(epoch) or self.status.stop_requested:
@@ -153,21 +157,22 @@ class MapEvaluation(keras.callbacks.Callback):
                 f"epoch {epoch + 1}: {ap}mAP@0.5 (VOC) {value:.4f} on "
                 f"{evaluation.num_images} validation images in {spent:.1f} s"
             )
-        if not self.chosen:
-            self._choose_every(spent, epoch_seconds)
+        self._evaluated = epoch + 1
+        if not self.fixed:
+            self._pace(spent, epoch_seconds)
 
-    def _choose_every(self, spent, epoch_seconds):
-        """After the first evaluation: every epoch if it costs at most COST_SHARE of one, else
-        every K epochs with K the smallest that keeps to the share."""
-        self.chosen = True
-        if spent <= COST_SHARE * epoch_seconds:
+    def _pace(self, spent, epoch_seconds):
+        """Every epoch if an evaluation costs at most COST_SHARE of one, else every K epochs
+        with K the smallest that keeps to the share; logged when K changes."""
+        every = max(1, math.ceil(spent / (COST_SHARE * max(epoch_seconds, 1e-9))))
+        if every == (self.every or 1):
             return
-        self.every = math.ceil(spent / (COST_SHARE * max(epoch_seconds, 1e-9)))
+        self.every = None if every == 1 else every
         if self.log:
+            pace = "each epoch" if every == 1 else f"every {every} epochs and at the last"
             self.log(
-                f"AP every {self.every} epochs and at the last: an evaluation took {spent:.1f} s, "
-                f"over {COST_SHARE:.0%} of an epoch's {epoch_seconds:.1f} s (--map-every K "
-                "chooses)"
+                f"AP {pace}: an evaluation took {spent:.1f} s, an epoch {epoch_seconds:.1f} s "
+                f"(at most {COST_SHARE:.0%} of it goes to AP; --map-every K fixes K)"
             )
 
     def write_summaries(self, evaluation, step):

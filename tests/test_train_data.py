@@ -144,9 +144,14 @@ def test_the_ap_pass_runs_every_k_epochs_when_it_costs_over_a_tenth_of_one():
     evaluation = MapEvaluation(None, None, split="val", head=None, every=None, log=lines.append)
     evaluation.set_params({"epochs": 10})
     assert all(evaluation._due(epoch) for epoch in range(10))
-    evaluation._choose_every(spent=1.0, epoch_seconds=20.0)  # 5%: each epoch
+    evaluation._pace(spent=1.0, epoch_seconds=20.0)  # 5%: each epoch
     assert evaluation.every is None and not lines
-    evaluation.chosen = False
-    evaluation._choose_every(spent=5.0, epoch_seconds=20.0)  # 25%: every 3 epochs
-    assert evaluation.every == 3 and "AP every 3 epochs" in lines[0]
-    assert [e + 1 for e in range(10) if evaluation._due(e)] == [3, 6, 9, 10]
+    evaluation._evaluated = 1
+    evaluation._pace(spent=5.0, epoch_seconds=20.0)  # 25%: every 3 epochs
+    assert evaluation.every == 3 and lines[-1].startswith("AP every 3 epochs and at the last")
+    assert [evaluation._due(e) for e in (1, 2, 3)] == [False, False, True]  # epochs 2-4
+    evaluation._pace(spent=1.0, epoch_seconds=20.0)  # cheaper once traced: each epoch again
+    assert evaluation.every is None and lines[-1].startswith("AP each epoch")
+    fixed = MapEvaluation(None, None, split="val", head=None, every=2)
+    fixed.set_params({"epochs": 5})
+    assert [e + 1 for e in range(5) if fixed._due(e)] == [2, 4, 5]
