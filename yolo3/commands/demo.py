@@ -9,8 +9,8 @@
 5. measures mAP on the held-out split and draws a gallery (``yolo3 evaluate``).
 
 It scores ``last.weights.h5``, the weights after the final epoch. ``best.weights.h5`` is
-chosen by validation loss on the same held-out images, so its mAP there would be biased
-upwards by that choice.
+chosen by COCO AP on the same held-out images, so its mAP there would be biased upwards by
+that choice.
 
 Each step runs the real tool in its own process, and its command line is printed so that
 it can be rerun by hand. Needs no data and no network. Exit status: 0 on success, 1 when a
