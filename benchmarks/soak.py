@@ -20,9 +20,9 @@ grows to 64 MiB: :mod:`yolo3.distributed.malloc`), and glibc may hand some back 
 so a short run can miss one: a 200-epoch run of code that leaked 14 MB per 100 epochs read
 -2.4 ± 4.3, a 1000-epoch run of it +16.25 ± 0.04. Open files and threads must not peak
 higher in the last quarter than in the third. The log folder is compared between the
-half-way epoch and the last sample: only ``history.jsonl`` and the TensorBoard event files
-may grow; the checkpoints and backups are rewritten in place, the same files of (within 1%)
-the same size.
+half-way epoch and the last sample: only ``history.jsonl``, ``results.csv`` and ``.png`` and
+the TensorBoard event files may grow; the checkpoints and backups are rewritten in place,
+the same files of (within 1%) the same size.
 """
 
 import dataclasses
@@ -43,11 +43,13 @@ HISTORY = "history.jsonl"
 # What ``yolo3 train`` writes under its log folder, by kind; the first that matches names it.
 KINDS = (
     ("history", lambda parts: parts == (HISTORY,)),
+    # results.csv grows a row an epoch, as the history; results.png is redrawn.
+    ("results", lambda parts: parts in (("results.csv",), ("results.png",))),
     ("events", lambda parts: parts[0] == "tensorboard" and "tfevents" in parts[-1]),
     ("checkpoints", lambda parts: parts[0] == "checkpoints"),
     ("backups", lambda parts: parts[0] == "backup"),
 )
-GROWING_KINDS = ("history", "events")
+GROWING_KINDS = ("history", "results", "events")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,6 +99,7 @@ class MapEvaluation(keras.callbacks.Callback):
         self.fixed = every is not None  # given; else chosen by cost after each evaluation
         self._epoch_started = None
         self._evaluated = 0  # the last epoch evaluated, from 1
+        self._detector = None
         self.limit = limit
         self.tensorboard_dir = tensorboard_dir
         self.log = log
@@ -123,11 +124,14 @@ class MapEvaluation(keras.callbacks.Callback):
         from yolo3.evaluation import validate  # noqa: PLC0415 - pulls in pycocotools and the detector
 
         begun = time.perf_counter()
+        if self._detector is None:  # built and traced once: a long run's memory stays flat
+            self._detector, self.source = validate.model_detector(
+                self.body, self.source, head=self.head
+            )
         with self.averaged():
-            evaluation = validate.evaluate_model(
-                self.body,
+            evaluation = validate.evaluate_detector(
+                self._detector,
                 self.source,
-                head=self.head,
                 split=self.split,
                 coco=True,
                 gallery_size=GALLERY_IMAGES if self.tensorboard_dir else 0,

@@ -168,7 +168,7 @@ ARCHITECTURE_DEFAULTS = {"benchmark train": "tiny", "benchmark scaling": "tiny"}
 ANCHORS_DEFAULTS = ("benchmark io",)
 CLASSES_DEFAULTS = ("voc_annotation",)  # the 20 VOC classes
 # Tools that write something of a fixed shape (record shards, a Darknet cfg) take HEIGHTxWIDTH.
-SIZE_PAIRS = ("convert", "preprocess")
+SIZE_PAIRS = ("convert", "preprocess", "train")  # train's is preprocess's, for --data
 
 
 def _visible(parser):

@@ -72,6 +72,7 @@ def test_the_log_folder_is_listed_by_kind_without_writes_under_way(tmp_path):
         "checkpoints/.tmp-x1y2.weights.h5": b"w" * 50,  # atomic_write's, not yet renamed
         "backup/worker-0/backup-000000003.weights.h5": b"b" * 200,
         "config.json": b"{}",
+        "results.csv": b"epoch\n1\n",
     }
     for name, data in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +80,7 @@ def test_the_log_folder_is_listed_by_kind_without_writes_under_way(tmp_path):
 
     assert soak.list_log_folder(tmp_path) == {
         "history": {"files": 1, "bytes": 39},
+        "results": {"files": 1, "bytes": 8},
         "events": {"files": 2, "bytes": 70},
         "checkpoints": {"files": 1, "bytes": 100},
         "backups": {"files": 1, "bytes": 200},
@@ -190,11 +192,12 @@ def test_a_short_soak_samples_a_real_training_run(tmp_path, capsys):
     assert summary["threads_range"][0] > 1
     history = (tmp_path / "work" / "run" / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in history] == [1, 2, 3, 4, 5, 6]
-    # The folder at the last sample before the end: one history, the two event files, the
-    # checkpoints; the growth between it and the half-way sample is the difference.
+    # The folder at the last sample before the end: one history, the three event files
+    # (training, validation, the AP pass's), the checkpoints; the growth between it and the
+    # half-way sample is the difference.
     folder = result["log_folder"]
     last, half = folder["last"]["kinds"], folder["half"]["kinds"]
-    assert last["history"]["files"] == 1 and last["events"]["files"] == 2
+    assert last["history"]["files"] == 1 and last["events"]["files"] == 3
     assert last["checkpoints"]["files"] >= 1
     assert (
         folder["growth"]["history"]["bytes"] == last["history"]["bytes"] - half["history"]["bytes"]

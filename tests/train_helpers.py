@@ -125,13 +125,17 @@ def assert_only_the_chief_wrote(job, *, epochs, workers, event_files=2):
     TensorBoard run and one config, all from the chief, and no backups left over.
 
     ``event_files``: 2 for a run started once (train, validation); the chief of each start
-    writes a train file of its own, and a validation file where an epoch ended.
+    writes a train file of its own, and a validation file where an epoch ended. The AP
+    pass's run (``tensorboard/evaluation``) is the chief's too: one file per start that
+    scored an epoch, not counted here.
     """
     kept = [f"epoch-{epoch:04d}.weights.h5" for epoch in range(1, epochs + 1)]
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == sorted(
         ["best.weights.h5", "last.weights.h5", "state.weights.h5", *kept]
     )
     assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == epochs
-    assert len(list((job / "tensorboard").rglob("events.out.tfevents.*"))) == event_files
+    runs = [p for p in (job / "tensorboard").iterdir() if p.name != "evaluation"]
+    assert sum(len(list(run.rglob("events.out.tfevents.*"))) for run in runs) == event_files
+    assert (job / "results.csv").exists() and (job / "val" / "metrics.json").exists()
     assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == workers
     assert not (job / "backup").exists() or not any((job / "backup").iterdir())

@@ -119,6 +119,15 @@ def evaluate_model(model, source, *, head, resampling="bicubic", **options):
             record set's images are already at the input size.
         **options: :func:`evaluate_detector`'s keywords.
     """
+    detector, source = model_detector(model, source, head=head, resampling=resampling)
+    return evaluate_detector(detector, source, **options)
+
+
+def model_detector(model, source, *, head, resampling="bicubic"):
+    """``(detector, source)``: :func:`evaluate_model`'s detector of ``model`` for ``source``
+    (a record set opened once), for scoring the same model again and again without building
+    and tracing a detector each time (the training's AP pass): the detector reads the
+    model's variables as they are at each call."""
     if records.is_record_set(source):
         source = records.open_record_set(source)
         input_hw = source.input_hw
@@ -132,7 +141,7 @@ def evaluate_model(model, source, *, head, resampling="bicubic", **options):
         max_detections=MAP_MAX_DETECTIONS,
         resampling=resampling,
     )
-    return evaluate_detector(detector, source, **options)
+    return detector, source
 
 
 def evaluate_detector(

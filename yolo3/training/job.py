@@ -159,7 +159,8 @@ def validation_line(data):
             "are picked by the training loss"
         )
     record_set, split = data.val_source
-    images = record_set.manifest["splits"][split].get("images", "?")
+    counts = record_set.manifest["splits"][split]
+    images = counts.get("images", counts.get("records", "?"))  # a set older than the count
     origin = record_set.manifest.get("validation", {}).get("text")
     return f"validation: {images} images, the {split} split of {record_set}" + (
         f" ({origin})" if origin else ""
