@@ -87,7 +87,8 @@ class TemplateCheckpoint(keras.callbacks.Callback):
             return False
         if self.best is None:
             return True
-        return value < self.best if self.mode == "min" else value > self.best
+        # A tie in fitness (AP still 0 early on) goes to the later epoch, trained longer.
+        return value < self.best if self.mode == "min" else value >= self.best
 
     def on_train_begin(self, logs=None):
         best = os.path.join(self.directory, BEST)

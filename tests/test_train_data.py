@@ -129,14 +129,19 @@ def test_best_weights_are_those_of_the_best_fitness_not_the_lowest_loss(tmp_path
         {"loss": 0.5, "val_loss": 0.7},  # not scored: no candidate
         {"loss": 0.4, "val_loss": 0.8, "val_AP": 0.35, "val_AP50": 0.90},  # AP50 alone higher
     ]
+    best_so_far = []
     for epoch, logs in enumerate(epochs):
         score = fitness(logs)
         if score is not None:
             logs[FITNESS_KEY] = score
         checkpoint.on_epoch_end(epoch, logs)
+        best_so_far.append(read_metadata(str(tmp_path / "best.weights.h5"))["epoch"])
     assert fitness(epochs[3]) == 0.9 * 0.35 + 0.1 * 0.90
-    assert read_metadata(str(tmp_path / "best.weights.h5"))["epoch"] == 2
+    assert best_so_far == [1, 2, 2, 2]
     assert read_metadata(str(tmp_path / "last.weights.h5"))["epoch"] == 4
+    # A tie goes to the later epoch (early on, AP is 0 for several epochs).
+    checkpoint.on_epoch_end(4, {"loss": 0.3, "val_loss": 0.9, FITNESS_KEY: fitness(epochs[1])})
+    assert read_metadata(str(tmp_path / "best.weights.h5"))["epoch"] == 5
 
 
 def test_the_ap_pass_runs_every_k_epochs_when_it_costs_over_a_tenth_of_one():

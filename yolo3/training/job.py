@@ -37,6 +37,7 @@ from yolo3.engine.builders import anchors_file, gpus_in_use
 from yolo3.engine.config import TrainConfig
 from yolo3.model.resources import read_anchors
 from yolo3.progress import resolve as resolve_progress
+from yolo3.text import plural
 from yolo3.training.hooks import build_backup, build_hooks, build_tracking
 
 PRECISIONS = {"off": None, "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
@@ -162,7 +163,8 @@ def validation_line(data):
     counts = record_set.manifest["splits"][split]
     images = counts.get("images", counts.get("records", "?"))  # a set older than the count
     origin = record_set.manifest.get("validation", {}).get("text")
-    return f"validation: {images} images, the {split} split of {record_set}" + (
+    images = plural(images, "image") if isinstance(images, int) else f"{images} images"
+    return f"validation: {images}, the {split} split of {record_set}" + (
         f" ({origin})" if origin else ""
     )
 
