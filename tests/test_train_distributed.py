@@ -152,7 +152,9 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
         "1",
     ]
     started = time.monotonic()
-    log = _run(_launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *same_data))
+    # The chief scores AP each epoch while the other worker waits at the next collective.
+    launched = _launch(tmp_path / "dump", tmp_path / "job", records, anchors, initial, *same_data)
+    log = _run([*launched, "--map-every", "1"])
     cluster_seconds = time.monotonic() - started
     assert "[worker 0]" in log and "[worker 1]" in log
     assert "2 replicas x 4 = global batch 8" in log
@@ -199,6 +201,8 @@ def test_two_worker_cluster_matches_one_process(setup, tmp_path):
         assert _max_difference(after_one, final) > 1e-2  # the two steps differ
     # Only the chief wrote: one set of checkpoints, one TensorBoard run, one config.
     assert_only_the_chief_wrote(tmp_path / "job", epochs=2, workers=2)
+    assert (tmp_path / "job" / "val" / "confusion_matrix.csv").exists()
+    assert "val_fitness" in read_metadata(str(tmp_path / "job/checkpoints/best.weights.h5"))["logs"]
     print(f"\n2-worker cluster, 2 epochs of tiny at {SIZE} px: {cluster_seconds:.0f} s wall")
 
 

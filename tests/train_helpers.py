@@ -114,9 +114,14 @@ def frozen_heads(epochs):
 
 
 def train_args(records, log_dir, anchors, *extra):
+    """``yolo3 train`` flags for a small run. No AP pass unless ``extra`` gives
+    ``--map-every K``: the tests of other things pay neither its time nor its tracing (the
+    pass itself: tests/test_train_data.py, test_train.py, and the two-worker cluster of
+    test_train_distributed.py)."""
     return [
         "--records", str(records), "--log-dir", str(log_dir), "--anchors", str(anchors),
-        "--batch-size", "4", "--quiet", "--lr", "0.02", "--warmup-epochs", "0", *extra,
+        "--batch-size", "4", "--quiet", "--lr", "0.02", "--warmup-epochs", "0",
+        "--map-every", "0", *extra,
     ]  # fmt: skip
 
 
@@ -136,6 +141,6 @@ def assert_only_the_chief_wrote(job, *, epochs, workers, event_files=2):
     assert read_metadata(str(job / "checkpoints/last.weights.h5"))["epoch"] == epochs
     runs = [p for p in (job / "tensorboard").iterdir() if p.name != "evaluation"]
     assert sum(len(list(run.rglob("events.out.tfevents.*"))) for run in runs) == event_files
-    assert (job / "results.csv").exists() and (job / "val" / "metrics.json").exists()
+    assert (job / "results.csv").exists()
     assert json.loads((job / "config.json").read_text())["resolved"]["num_workers"] == workers
     assert not (job / "backup").exists() or not any((job / "backup").iterdir())
