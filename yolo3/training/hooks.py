@@ -4,6 +4,10 @@ The last builders of :func:`yolo3.training.job.run` (see :mod:`yolo3.engine.buil
 :func:`build_tracking` (the chief's MLflow run, opened before any work), :func:`build_backup`
 (this worker's backups, restored from before the callbacks are built) and :func:`build_hooks`
 (the stop flag, the preemption handler and every callback).
+
+The callbacks are :data:`HOOKS`, a table of builders in the order the callbacks must see
+each epoch's end; each builder reads the run (:class:`HookContext`) and the hooks built
+before it, and gives a callback or None. A new hook or tracker is one builder and one entry.
 """
 
 import dataclasses
@@ -68,20 +72,20 @@ def build_hooks(
     stop_flag = yolo_callbacks.make_stop_flag()
     trainer.attach_stop_flag(stop_flag)
     preemption = yolo_callbacks.Preemption(stop_flag, log=log, status=trainer.status)
-    callbacks, throughput, nonfinite, evaluation = build_callbacks(
-        config,
-        setup,
-        progress=progress,
-        trainer=trainer,
-        monitor=loss_monitor(setup),
-        backup=backup,
-        preemption=preemption,
-        log=log,
-        tracking=tracking,
-        started=started,
-        mosaic=mosaic,
+    run = HookContext(
+        config, setup, trainer, progress, backup, preemption, log, tracking, started, mosaic
     )
-    return Hooks(callbacks, throughput, nonfinite, preemption, backup, tracking, evaluation)
+    callbacks = build_callbacks(run)
+    made = run.made
+    return Hooks(
+        callbacks,
+        made["throughput"],
+        made["nonfinite"],
+        preemption,
+        backup,
+        tracking,
+        made.get("ap"),
+    )
 
 
 def loss_monitor(setup):
@@ -98,133 +102,229 @@ def best_monitor(config, setup):
     return loss_monitor(setup), "min"
 
 
-def build_callbacks(
-    config,
-    setup,
-    *,
-    progress,
-    trainer,
-    monitor,
-    backup,
-    preemption,
-    log,
-    tracking=None,
-    started=None,
-    mosaic=None,
-):
-    """The callbacks of a run, in the order they must see each epoch's logs, and those the
-    run reads itself: ``(callbacks, throughput, nonfinite, evaluation)``.
+@dataclasses.dataclass
+class HookContext:
+    """What the hook builders of :data:`HOOKS` read: the run's settings and parts, and
+    ``made``, the callbacks the builders before them made, by their :data:`HOOKS` name."""
 
-    Loggers that add to the logs (throughput, learning rate, mAP) come before TensorBoard,
-    MLflow (``tracking``) and the checkpoints, which record them.
-    """
-    body, info, metadata = trainer.body, setup.info, setup.metadata
+    config: object
+    setup: object
+    trainer: object
+    progress: str
+    backup: object
+    preemption: object
+    log: object
+    tracking: object = None
+    started: float | None = None
+    mosaic: object = None
+    made: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def chief(self):
+        return self.setup.info.is_chief
+
+    @property
+    def chief_log(self):
+        """``log`` on the chief, None on the other workers (one worker says it)."""
+        return self.log if self.chief else None
+
+    def time_budget(self):
+        """With ``--time``: the run's :class:`yolo3.callbacks.TimeBudget`, made once (the
+        progress lines count with it before it runs, after the checkpoints); else None."""
+        if not self.config.time:
+            return None
+        if "time_budget" not in self.made:
+            strategy = self.trainer.distribute_strategy
+            self.made["time_budget"] = yolo_callbacks.TimeBudget(
+                self.config.time * 60.0,
+                started=self.started,
+                steps_per_epoch=self.setup.steps,
+                max_epochs=self.config.epochs,
+                planned=self.trainer.planned_steps,
+                broadcast=lambda variables: distribute.broadcast_from_chief(strategy, variables),
+                scales=self.setup.scales,
+                log=self.chief_log,
+            )
+        return self.made["time_budget"]
+
+
+def _communication(run):
+    # The communication's callbacks first: local steps synchronise before anything reads or
+    # saves the weights.
+    return run.trainer.communication.callbacks(run.backup, log=run.chief_log)
+
+
+def _throughput(run):
     # Keras's progress bar is mid-line when epoch-end callbacks run: start a line of our own.
     # In lines mode the epoch's line carries images/s and the input wait already.
-    epoch_log = {"bar": lambda message: log(f"\n{message}"), "off": log}.get(progress)
-    throughput = yolo_callbacks.Throughput(
-        setup.global_batch, log=epoch_log if info.is_chief else None
+    epoch_log = {"bar": lambda message: run.log(f"\n{message}"), "off": run.log}.get(run.progress)
+    return yolo_callbacks.Throughput(run.setup.global_batch, log=epoch_log if run.chief else None)
+
+
+def _freeze(run):
+    config = run.config
+    if not config.freeze_body:
+        return None
+    body = run.trainer.body
+    names = frozen_layer_names(body, run.setup.head.model_type, config.freeze_body)
+    return yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=run.log)
+
+
+def _ap_pass(run):
+    config, setup, trainer = run.config, run.setup, run.trainer
+    source = setup.data.val_source
+    if config.map_every == 0 or not source or not run.chief:
+        return None
+    return yolo_callbacks.MapEvaluation(
+        trainer.body,
+        source[0],
+        split=source[1],
+        head=setup.head,
+        every=config.map_every,
+        tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
+        log=run.log,
+        status=trainer.status,
+        averaged=trainer.averaged_weights,
     )
-    nonfinite = yolo_callbacks.StopOnNonFinite()
-    # First: the communication's (local steps synchronise before anything reads or saves
-    # the weights).
-    advice = log if info.is_chief else None
-    ordered = [*trainer.communication.callbacks(backup, log=advice), preemption]
+
+
+def _progress_lines(run):
+    if run.progress != "lines" or not run.chief:
+        return None
+    config = run.config
+    return yolo_callbacks.ProgressLines(
+        run.setup.global_batch,
+        every=config.log_every,
+        seconds=config.log_seconds,
+        log=run.log,
+        budget=run.time_budget(),
+    )
+
+
+def _tensorboard(run):
+    if not run.chief:
+        return None
+    return keras.callbacks.TensorBoard(
+        os.path.join(run.config.log_dir, "tensorboard"), update_freq="epoch"
+    )
+
+
+def _mlflow(run):
+    if run.tracking is None:
+        return None
+    run.tracking.attach(run.trainer.status, run.made.get("ap"))
+    return run.tracking
+
+
+def _checkpoint(run):
+    config, setup, trainer = run.config, run.setup, run.trainer
+    key, mode = best_monitor(config, setup)
+    return yolo_callbacks.TemplateCheckpoint(
+        setup.checkpoint_dir,
+        trainer.body,
+        worker=setup.info,
+        every=config.checkpoint_every,
+        monitor=key,
+        mode=mode,
+        metadata=setup.metadata,
+        status=trainer.status,
+        averaged=trainer.averaged_weights,
+    )
+
+
+def _history(run):
+    if not run.chief:  # after the epoch's backup and checkpoints: its clock includes them
+        return None
+    return yolo_callbacks.EpochHistory(
+        run.config.log_dir, started=run.started, evaluation=run.made.get("ap")
+    )
+
+
+def _results(run):
+    history = run.made.get("history")
+    if history is None:
+        return None
+    return yolo_callbacks.ResultsFiles(run.config.log_dir, history=history)
+
+
+def _close_mosaic(run):
+    if run.mosaic is None:
+        return None
+    return yolo_callbacks.CloseMosaic(
+        run.mosaic,
+        epochs=run.config.epochs,
+        close=run.config.close_mosaic,
+        budget=run.time_budget(),
+        log=run.chief_log,
+    )
+
+
+def _plateau(run):
+    if not run.config.reduce_lr_patience:
+        return None
+    return yolo_callbacks.PlateauScale(
+        run.trainer.lr_scale,
+        monitor=loss_monitor(run.setup),
+        patience=run.config.reduce_lr_patience,
+        log=run.log,
+    )
+
+
+def _early_stopping(run):
+    if not run.config.early_stopping_patience:
+        return None
+    return keras.callbacks.EarlyStopping(
+        monitor=loss_monitor(run.setup), patience=run.config.early_stopping_patience, verbose=1
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HookEntry:
+    """One hook of :data:`HOOKS`: its ``name`` (its key in :attr:`HookContext.made`) and
+    ``build(run)``, giving a callback, a list of them, or None where the run has none."""
+
+    name: str
+    build: object
+
+
+# Every hook of a run, in the order they see each epoch's end: loggers that add to the logs
+# (throughput, learning rate, AP) before the trackers that record them (TensorBoard, MLflow,
+# the checkpoints, history.jsonl, then results.csv and .png from it), the schedule last. A
+# new hook or tracker is a builder and one entry here.
+HOOKS = (
+    HookEntry("communication", _communication),
+    HookEntry("preemption", lambda run: run.preemption),
     # Before the backup and the checkpoints: an epoch read from changed shards saves nothing.
-    ordered.append(yolo_callbacks.RecordSetCheck(setup.data.record_sets))
-    if config.freeze_body:
-        names = frozen_layer_names(body, setup.head.model_type, config.freeze_body)
-        ordered.append(yolo_callbacks.FreezeSchedule(body, names, config.freeze_epochs, log=log))
-    ordered += [throughput, yolo_callbacks.LearningRateLogger(), nonfinite]
-    map_source, map_evaluation = setup.data.val_source, None
-    if config.map_every != 0 and map_source and info.is_chief:
-        map_evaluation = yolo_callbacks.MapEvaluation(
-            body,
-            map_source[0],
-            split=map_source[1],
-            head=setup.head,
-            every=config.map_every,
-            tensorboard_dir=os.path.join(config.log_dir, "tensorboard"),
-            log=log,
-            status=trainer.status,
-            averaged=trainer.averaged_weights,
-        )
-        ordered.append(map_evaluation)
-    budget = None  # with --time: the plan, which the progress lines count too
-    if config.time:
-        strategy = trainer.distribute_strategy
-        budget = yolo_callbacks.TimeBudget(
-            config.time * 60.0,
-            started=started,
-            steps_per_epoch=setup.steps,
-            max_epochs=config.epochs,
-            planned=trainer.planned_steps,
-            broadcast=lambda variables: distribute.broadcast_from_chief(strategy, variables),
-            scales=setup.scales,
-            log=log if info.is_chief else None,
-        )
-    if progress == "lines" and info.is_chief:
-        ordered.append(
-            yolo_callbacks.ProgressLines(
-                setup.global_batch,
-                every=config.log_every,
-                seconds=config.log_seconds,
-                log=log,
-                budget=budget,
-            )
-        )
-    if info.is_chief:
-        ordered.append(
-            keras.callbacks.TensorBoard(
-                os.path.join(config.log_dir, "tensorboard"), update_freq="epoch"
-            )
-        )
-    if tracking is not None:
-        tracking.attach(trainer.status, map_evaluation)
-        ordered.append(tracking)
-    best_key, best_mode = best_monitor(config, setup)
-    ordered += [
-        backup,
-        yolo_callbacks.TemplateCheckpoint(
-            setup.checkpoint_dir,
-            body,
-            worker=info,
-            every=config.checkpoint_every,
-            monitor=best_key,
-            mode=best_mode,
-            metadata=metadata,
-            status=trainer.status,
-            averaged=trainer.averaged_weights,
-        ),
-    ]
-    if info.is_chief:  # after the epoch's backup and checkpoints: its clock includes them
-        history = yolo_callbacks.EpochHistory(
-            config.log_dir, started=started, evaluation=map_evaluation
-        )
-        # results.csv and results.png from the history just written.
-        ordered += [history, yolo_callbacks.ResultsFiles(config.log_dir, history=history)]
-    if budget is not None:
-        ordered.append(budget)
-    if mosaic is not None:
-        ordered.append(
-            yolo_callbacks.CloseMosaic(
-                mosaic,
-                epochs=config.epochs,
-                close=config.close_mosaic,
-                budget=budget,
-                log=log if info.is_chief else None,
-            )
-        )
-    if config.reduce_lr_patience:
-        ordered.append(
-            yolo_callbacks.PlateauScale(
-                trainer.lr_scale, monitor=monitor, patience=config.reduce_lr_patience, log=log
-            )
-        )
-    if config.early_stopping_patience:
-        ordered.append(
-            keras.callbacks.EarlyStopping(
-                monitor=monitor, patience=config.early_stopping_patience, verbose=1
-            )
-        )
-    return ordered, throughput, nonfinite, map_evaluation
+    HookEntry(
+        "record_check", lambda run: yolo_callbacks.RecordSetCheck(run.setup.data.record_sets)
+    ),
+    HookEntry("freeze", _freeze),
+    HookEntry("throughput", _throughput),
+    HookEntry("learning_rate", lambda run: yolo_callbacks.LearningRateLogger()),
+    HookEntry("nonfinite", lambda run: yolo_callbacks.StopOnNonFinite()),
+    HookEntry("ap", _ap_pass),
+    HookEntry("progress_lines", _progress_lines),
+    HookEntry("tensorboard", _tensorboard),
+    HookEntry("mlflow", _mlflow),
+    HookEntry("backup", lambda run: run.backup),
+    HookEntry("checkpoint", _checkpoint),
+    HookEntry("history", _history),
+    HookEntry("results", _results),
+    HookEntry("time_budget", lambda run: run.time_budget()),
+    HookEntry("close_mosaic", _close_mosaic),
+    HookEntry("plateau", _plateau),
+    HookEntry("early_stopping", _early_stopping),
+)
+
+
+def build_callbacks(run, hooks=HOOKS):
+    """The callbacks of ``run`` (a :class:`HookContext`), each entry of ``hooks`` built in
+    turn into ``run.made``, in the order they must see each epoch's logs."""
+    ordered = []
+    for entry in hooks:
+        made = entry.build(run)
+        if made is None:
+            continue
+        run.made[entry.name] = made
+        ordered += made if isinstance(made, list) else [made]
+    return ordered
