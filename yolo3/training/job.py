@@ -102,8 +102,6 @@ def _run(config, *, log, started=None):
     keras.utils.set_random_seed(config.seed)
     strategy, info = builders.build_strategy(config)
     setup = builders.resolve_setup(config, strategy, info, builders.read_data(config))
-    if info.is_chief:
-        log(validation_line(setup.data))
     if config.resume:
         saved = resume.read_saved(config.log_dir)
         resume.check_resumed(saved, dataclasses.asdict(config), setup.resolved, log=log)
@@ -118,6 +116,8 @@ def _train(config, strategy, setup, tracking, started, log):
     """The steps of :func:`run` after the settings: the trainer, its state, the data, the
     callbacks, ``fit`` and the end."""
     info = setup.info
+    if info.is_chief:  # after the MLflow run's line, which opens the log when there is one
+        log(validation_line(setup.data))
     trainer = builders.build_trainer(config, setup, strategy, log)
     initial_epoch = 0
     if config.resume:
