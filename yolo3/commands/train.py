@@ -93,9 +93,10 @@ def _with_records(args):
     if not from_dataset:
         return args
     fit = not (args.anchors or args.weights)
+    cache_dir = args.cache_dir or cache.default_cache_dir()
     prepared = cache.prepare(
-        dataset_config(args, output=args.cache_dir or cache.default_cache_dir()),
-        cache_dir=args.cache_dir or cache.default_cache_dir(),
+        dataset_config(args, output=cache_dir),  # the cache chooses the folder under it
+        cache_dir=cache_dir,
         num_anchors=anchors_of_model(args.model or DEFAULT_MODEL_TYPE) if fit else None,
         num_workers=num_tasks(os.environ),
         progress=progress_setting(args),
