@@ -27,7 +27,7 @@ import numpy as np
 
 from yolo3.checkpoint import weights as yolo_weights
 from yolo3.model import network as yolo_model
-from yolo3.model.resources import SCALE_X_Y
+from yolo3.model.resources import SCALE_X_Y, valid_scale_x_y
 
 SUPPORTED_SECTIONS = (
     "net", "convolutional", "shortcut", "route", "upsample", "yolo", "maxpool", "avgpool",
@@ -354,7 +354,7 @@ def _grid_sensitivity(section):
             "is not supported; only new_coords=0"
         )
     scale = section.get("scale_x_y", SCALE_X_Y, float)
-    if not scale >= 1.0:
+    if not valid_scale_x_y((scale,)):
         raise ValueError(f"{where} scale_x_y={scale:g}: values below 1 are not supported")
     return scale
 

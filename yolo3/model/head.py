@@ -17,8 +17,10 @@ from yolo3.model.resources import (
     DEFAULT_ANCHOR_MASKS,
     MODEL_TYPES,
     SCALE_X_Y,
+    SCALE_X_Y_RULE,
     default_anchor_masks,
     model_type_for_anchors,
+    valid_scale_x_y,
 )
 
 # Output levels of each model type: as many as Darknet's masks for its anchor count.
@@ -244,8 +246,8 @@ def _per_level(scale_x_y, num_levels):
         return (SCALE_X_Y,) * num_levels
     values = (float(scale_x_y),) if np.isscalar(scale_x_y) else tuple(map(float, scale_x_y))
     text = ",".join(f"{v:g}" for v in values)
-    if not values or not all(np.isfinite(values)) or min(values) < 1.0:
-        raise HeadFieldError("scale_x_y", text, "every value must be at least 1")
+    if not valid_scale_x_y(values):
+        raise HeadFieldError("scale_x_y", text, SCALE_X_Y_RULE)
     if len(values) == 1:
         values *= num_levels
     if len(values) != num_levels:

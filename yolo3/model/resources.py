@@ -90,6 +90,18 @@ def parse_anchor_masks(text, source="--anchor-masks"):
 SCALE_X_Y = 1.0
 
 
+# The rule of grid sensitivity, wherever a value comes from (a flag, a head, a cfg): a
+# centre's offset sigmoid(t) S - (S - 1) / 2 stays inside a band around its cell only for
+# S >= 1.
+SCALE_X_Y_RULE = "every value must be at least 1 (1 is YOLOv3's)"
+
+
+def valid_scale_x_y(values):
+    """Whether ``values`` (grid sensitivities) keep :data:`SCALE_X_Y_RULE`."""
+    values = tuple(values)
+    return bool(values) and all(np.isfinite(values)) and min(values) >= 1.0
+
+
 def parse_scale_x_y(text, source="--scale-x-y"):
     """Parses ``"1.05"`` (every head) or ``"1.05,1.1"`` (one per head, largest stride first)
     into a tuple of floats, each at least 1."""
@@ -100,8 +112,8 @@ def parse_scale_x_y(text, source="--scale-x-y"):
             f"{source} {text!r}: expected a number, or one per head separated by commas, "
             "e.g. 1.05 or 1.05,1.1"
         ) from None
-    if not all(np.isfinite(values)) or min(values) < 1.0:
-        raise ValueError(f"{source} {text!r}: every value must be at least 1 (1 is YOLOv3's)")
+    if not valid_scale_x_y(values):
+        raise ValueError(f"{source} {text!r}: {SCALE_X_Y_RULE}")
     return values
 
 
