@@ -25,6 +25,10 @@ FITNESS_KEY = "val_fitness"  # what picks best.weights.h5, higher is better
 # boxes; a tenth AP50, which moves first early in training when AP is still near 0 and breaks
 # its ties there. Ultralytics weighs them so too.
 FITNESS_WEIGHTS = ((AP_KEY, 0.9), (AP50_KEY, 0.1))
+# The fitness as the run's last lines name it: "0.9 AP + 0.1 AP50".
+FITNESS_TEXT = " + ".join(
+    f"{weight:g} {key.removeprefix('val_')}" for key, weight in FITNESS_WEIGHTS
+)
 # With every=None the evaluation runs each epoch while it costs at most this share of the
 # epoch's time; when it costs more, every K epochs, K chosen after the first so it does not.
 COST_SHARE = 0.1

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from yolo3 import callbacks as yolo_callbacks
 from yolo3 import faults, fileio
+from yolo3.callbacks.evaluation import FITNESS_TEXT
 from yolo3.checkpoint.weights import read_metadata
 from yolo3.data import pipeline as yolo_data
 from yolo3.data import records
@@ -327,7 +328,7 @@ def _summary(config, checkpoint_dir):
         keys = (yolo_callbacks.AP_KEY, yolo_callbacks.AP50_KEY, "val_loss")
         figures = [f"{key} {logs[key]:.4g}" for key in keys if key in logs]
         if yolo_callbacks.FITNESS_KEY in logs:
-            how = "picked by 0.9 AP + 0.1 AP50 on the validation images"
+            how = f"picked by {FITNESS_TEXT} on the validation images"
         elif validated:
             how = "picked by the validation loss (no AP measured: --map-every 0)"
         else:
