@@ -145,6 +145,116 @@ def padded_pass_steps(record_set, split, *, batch_size, pipelines=1, replicas=1)
     return max(1, math.ceil(most / per_step))
 
 
+def _warn_of_cut_boxes(record_set, max_boxes):
+    most_boxes = record_set.max_boxes_per_image
+    if most_boxes is not None and most_boxes > max_boxes:
+        logger.warning(
+            "record set %s has images with %d boxes; only the first max_boxes=%d are used",
+            record_set,
+            most_boxes,
+            max_boxes,
+        )
+
+
+def _checked_shard_files(record_set, split, input_context):
+    """The shard files of ``split`` that this input pipeline reads, their framing checked."""
+    files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
+    for path in files:
+        # Headers only, before TensorFlow reads a length it cannot allocate: BadRecord.
+        shard_check.check_shard(path)
+    return files
+
+
+def _batching_rules(*, training, targets, drop_remainder, repeat, pass_batches):
+    """``(drop_remainder, repeat)``: as given, else ``training``; fixed for validation passes."""
+    drop_remainder = training if drop_remainder is None else drop_remainder
+    repeat = training if repeat is None else repeat
+    if pass_batches is not None:
+        if training or targets:
+            raise ValueError("pass_batches is for validation: training=False, targets=False")
+        drop_remainder, repeat = True, False  # the padding makes whole batches; passes repeat
+    return drop_remainder, repeat
+
+
+def _read_records(files, *, training, seed, shuffle_buffer, deterministic):
+    """Serialized records of ``files``: when training, files and records shuffled (seeds
+    ``seed`` and ``seed + 1``, reshuffled each epoch) and several files read at once; else
+    the files one after another, in order."""
+    if not training:
+        return tf.data.TFRecordDataset(files)
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(files), _MAX_CYCLE_LENGTH),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
+    return dataset.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+
+
+def _skip_mosaic_while_off(dataset, mosaic):
+    """Drops mosaic records while the boolean ``tf.Variable`` ``mosaic`` is False."""
+    return dataset.filter(
+        lambda serialized: tf.logical_or(mosaic, tf.logical_not(records.is_mosaic(serialized)))
+    )
+
+
+def _decode_record(serialized, image_format, input_hw):
+    """A serialized record -> ``(image, boxes)``: (H, W, 3) uint8 and (M, 5) float32 corners
+    in input pixels and the class id, the objects marked difficult left out."""
+    example = records.parse_example(serialized, image_format)
+    image = tf.ensure_shape(example["image"], [*input_hw, 3])
+    classes = tf.cast(example["classes"][:, None], tf.float32)
+    boxes = tf.concat([example["boxes"], classes], axis=-1)
+    # Objects marked difficult are not trained on (Darknet's VOC labels leave them out).
+    return image, tf.boolean_mask(boxes, tf.logical_not(example["difficult"]))
+
+
+def _decode_flip_and_pad(dataset, *, image_format, input_hw, flip, seed, max_boxes, deterministic):
+    """Serialized records -> ``(image, boxes)`` with (max_boxes, 5) boxes, each image flipped
+    with probability ``flip``."""
+
+    def decode_flip_and_pad(index, serialized):
+        image, boxes = _decode_record(serialized, image_format, input_hw)
+        if flip > 0:
+            image, boxes = random_flip(
+                image, boxes, tf.stack([tf.constant(seed, tf.int64), index]), flip
+            )
+        return image, pad_boxes(boxes, max_boxes)
+
+    # The counter makes each image's flip draw depend on (seed, position), not on threads.
+    return dataset.enumerate().map(
+        decode_flip_and_pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
+
+
+def _records_of_this_pipeline(record_set, split, input_context):
+    """Records in the shard files of ``split`` that this input pipeline reads: the counts of
+    its files, chosen by the rule that chose the files."""
+    return sum(_shard_files(record_set.shard_records(split), input_context, record_set, split))
+
+
+def _add_targets(dataset, *, head, input_hw, with_boxes, deterministic):
+    """Batches of ``(uint8 images, boxes)`` -> ``(images, targets)`` or, ``with_boxes``,
+    ``(images, targets, boxes)``, the images scaled to [0, 1]."""
+
+    def to_targets(images, boxes):
+        targets = build_targets(boxes, head=head, input_hw=input_hw)
+        images = tf.cast(images, tf.float32) / 255.0
+        return (images, targets, boxes) if with_boxes else (images, targets)
+
+    return dataset.map(to_targets, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+
+
+def _set_options_and_prefetch(dataset, input_context):
+    options = autotune.untuned_options()
+    if input_context is not None:
+        # The files are already split between pipelines above; sharding again would lose data.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
 def make_dataset(
     record_set,
     split="train",
@@ -166,9 +276,6 @@ def make_dataset(
     mosaic=None,
 ):
     """Batches of images and per-level targets read from a record set.
-
-    Over 80 lines: one tf.data chain from shards to batches, each stage where it applies;
-    split up, the order of the stages would no longer show.
 
     Args:
         record_set: a :class:`yolo3.data.records.RecordSet`, or the folder written by
@@ -223,82 +330,49 @@ def make_dataset(
     _check_record_set(record_set, head)
     image_format = record_set.split_format(split)
     input_hw = record_set.input_hw
-    most_boxes = record_set.max_boxes_per_image
-    if most_boxes is not None and most_boxes > max_boxes:
-        logger.warning(
-            "record set %s has images with %d boxes; only the first max_boxes=%d are used",
-            record_set,
-            most_boxes,
-            max_boxes,
-        )
-    files = _shard_files(record_set.shard_paths(split), input_context, record_set, split)
-    for path in files:
-        # Headers only, before TensorFlow reads a length it cannot allocate: BadRecord.
-        shard_check.check_shard(path)
-    drop_remainder = training if drop_remainder is None else drop_remainder
-    repeat = training if repeat is None else repeat
-    if pass_batches is not None:
-        if training or targets:
-            raise ValueError("pass_batches is for validation: training=False, targets=False")
-        drop_remainder, repeat = True, False  # the padding makes whole batches; passes repeat
-    flip = flip if training else 0.0
+    _warn_of_cut_boxes(record_set, max_boxes)
+    files = _checked_shard_files(record_set, split, input_context)
+    drop_remainder, repeat = _batching_rules(
+        training=training,
+        targets=targets,
+        drop_remainder=drop_remainder,
+        repeat=repeat,
+        pass_batches=pass_batches,
+    )
 
-    if training:
-        dataset = tf.data.Dataset.from_tensor_slices(files)
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        dataset = dataset.interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=min(len(files), _MAX_CYCLE_LENGTH),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=deterministic,
-        )
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    else:
-        dataset = tf.data.TFRecordDataset(files)
+    dataset = _read_records(
+        files,
+        training=training,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        deterministic=deterministic,
+    )
     if repeat:
         dataset = dataset.repeat()
     if mosaic is not None:
-        dataset = dataset.filter(
-            lambda serialized: tf.logical_or(mosaic, tf.logical_not(records.is_mosaic(serialized)))
-        )
-
-    def parse(index, serialized):
-        example = records.parse_example(serialized, image_format)
-        image = tf.ensure_shape(example["image"], [*input_hw, 3])
-        classes = tf.cast(example["classes"][:, None], tf.float32)
-        boxes = tf.concat([example["boxes"], classes], axis=-1)
-        # Objects marked difficult are not trained on (Darknet's VOC labels leave them out).
-        boxes = tf.boolean_mask(boxes, tf.logical_not(example["difficult"]))
-        if flip > 0:
-            image, boxes = random_flip(
-                image, boxes, tf.stack([tf.constant(seed, tf.int64), index]), flip
-            )
-        return image, pad_boxes(boxes, max_boxes)
-
-    # The counter makes each image's flip draw depend on (seed, position), not on threads.
-    dataset = dataset.enumerate().map(
-        parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        dataset = _skip_mosaic_while_off(dataset, mosaic)
+    dataset = _decode_flip_and_pad(
+        dataset,
+        image_format=image_format,
+        input_hw=input_hw,
+        flip=flip if training else 0.0,
+        seed=seed,
+        max_boxes=max_boxes,
+        deterministic=deterministic,
     )
     if pass_batches is not None:
-        # This pipeline's records: the counts of its shard files, chosen by the same rule.
-        here = sum(_shard_files(record_set.shard_records(split), input_context, record_set, split))
+        here = _records_of_this_pipeline(record_set, split, input_context)
         dataset = _padded_passes(dataset, here, pass_batches * batch_size, input_hw, max_boxes)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-
-    def to_targets(images, boxes):
-        targets = build_targets(boxes, head=head, input_hw=input_hw)
-        images = tf.cast(images, tf.float32) / 255.0
-        return (images, targets, boxes) if with_boxes else (images, targets)
-
     if targets:
-        dataset = dataset.map(
-            to_targets, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        dataset = _add_targets(
+            dataset,
+            head=head,
+            input_hw=input_hw,
+            with_boxes=with_boxes,
+            deterministic=deterministic,
         )
-    options = autotune.untuned_options()
-    if input_context is not None:
-        # The files are already split between pipelines above; sharding again would lose data.
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return _set_options_and_prefetch(dataset, input_context)
 
 
 def synthetic_dataset(
