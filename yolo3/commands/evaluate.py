@@ -94,6 +94,19 @@ from yolo3.progress import counter
 
 def build_parser():
     parser = ArgumentParser(description=__doc__.split("\n")[0])
+    _add_weights_arguments(parser)
+    _add_source_arguments(parser)
+    _add_model_arguments(parser)
+    add_detector_arguments(parser)
+    _add_scoring_arguments(parser)
+    add_progress_arguments(parser)
+    _add_watch_arguments(parser)
+    _add_tracking_arguments(parser)
+    return parser
+
+
+def _add_weights_arguments(parser):
+    """The detector to score: ``--weights`` and its former spelling ``--model``."""
     weights = parser.add_mutually_exclusive_group()
     weights.add_argument(
         "--weights",
@@ -104,6 +117,11 @@ def build_parser():
     # --model: the spelling of earlier releases for an exported file, kept working for a
     # release, out of --help.
     weights.add_argument("--model", dest="weights", help=argparse.SUPPRESS)
+
+
+def _add_source_arguments(parser):
+    """What is scored: one of a record set, an annotation file, a COCO file or a dataset,
+    with the COCO file's images and the split."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--records", help="record set; its --split is evaluated")
     source.add_argument("--annotations", help="annotation file (keras-yolo3 lines)")
@@ -120,6 +138,10 @@ def build_parser():
         default="val",
         help="the split of --records or --data to score: val, test, or train (default: val)",
     )
+
+
+def _add_model_arguments(parser):
+    """What the weights' metadata says unless given: classes, anchors, model type, input size."""
     parser.add_argument(
         "--classes",
         help="classes file (default: the weights' metadata; a record set has its own)",
@@ -134,7 +156,10 @@ def build_parser():
         help="network input for annotation files and --coco-json (default: the weights' "
         f"metadata, else {DARKNET_INPUT_SIZE}; a record set has its own)",
     )
-    add_detector_arguments(parser)
+
+
+def _add_scoring_arguments(parser):
+    """How the images are read and scored, and what the report holds and where it goes."""
     parser.add_argument("--image-root", help="folder relative image paths start from")
     parser.add_argument(
         "--output", type=output_folder, help="report folder (default: beside the weights)"
@@ -143,7 +168,10 @@ def build_parser():
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
-    add_progress_arguments(parser)
+
+
+def _add_watch_arguments(parser):
+    """``--watch``: following a training run, and how often and how long to look."""
     parser.add_argument("--watch", metavar="LOG_DIR", help="evaluate each new checkpoint")
     parser.add_argument("--poll", type=float, default=10.0, help="--watch: seconds between looks")
     parser.add_argument(
@@ -152,6 +180,10 @@ def build_parser():
         default=3600.0,
         help="--watch: give up after this long without a new checkpoint",
     )
+
+
+def _add_tracking_arguments(parser):
+    """Experiment tracking: ``--mlflow`` and the run and server it logs to."""
     tracking = parser.add_argument_group("experiment tracking (MLflow)")
     tracking.add_argument(
         "--mlflow",
@@ -171,7 +203,6 @@ def build_parser():
         help="with --mlflow: the tracking server (default: $MLFLOW_TRACKING_URI, else the URI "
         "the run was recorded with, else MLflow's own)",
     )
-    return parser
 
 
 def _check(parser, args):
