@@ -186,6 +186,38 @@ def numpy_loss(
     return total, terms
 
 
+def write_voc_xml(path, boxes, class_names, *, image_size=None, difficult=None):
+    """Writes a Pascal VOC annotation file at ``path`` (a ``pathlib.Path``): one ``<object>``
+    per box.
+
+    Args:
+        boxes: ``[(x_min, y_min, x_max, y_max, class_id), ...]`` in image pixels; the class
+            id indexes ``class_names``.
+        image_size: ``(width, height)``: adds ``<filename>`` (the file's stem, ``.jpg``) and
+            ``<size>``. None leaves both out; the VOC reader does not need them.
+        difficult: indices of the boxes marked difficult; given, even empty, every object
+            has a ``<difficult>`` of 0 or 1. None: no object has one (the reader takes 0).
+    Returns:
+        ``path``.
+    """
+    objects = "".join(
+        f"<object><name>{class_names[class_id]}</name>"
+        + ("" if difficult is None else f"<difficult>{int(index in difficult)}</difficult>")
+        + f"<bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax>"
+        "</bndbox></object>"
+        for index, (x0, y0, x1, y1, class_id) in enumerate(boxes)
+    )
+    header = ""
+    if image_size is not None:
+        width, height = image_size
+        header = (
+            f"<filename>{path.stem}.jpg</filename><size><width>{width}</width>"
+            f"<height>{height}</height><depth>3</depth></size>"
+        )
+    path.write_text(f"<annotation>{header}{objects}</annotation>")
+    return path
+
+
 def distribute_per_replica(strategy, values):
     """Distributed values of ``strategy`` whose replica r holds ``values[r]`` (an array, or a
     list or tuple of arrays) as tensors."""

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import load_tool
+from helpers import load_tool, write_voc_xml
 from PIL import Image
 
 from yolo3.data import formats
@@ -249,12 +249,7 @@ def test_darknet_test_list_and_voc_test_set(tmp_path, monkeypatch):
     for images in IMAGES.values():
         for stem, width, height, boxes in images:
             _image(year / "JPEGImages" / f"{stem}.jpg", width, height)
-            objects = "".join(
-                f"<object><name>{NAMES[c]}</name><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
-                f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
-                for x0, y0, x1, y1, c in boxes
-            )
-            (year / "Annotations" / f"{stem}.xml").write_text(f"<annotation>{objects}</annotation>")
+            write_voc_xml(year / "Annotations" / f"{stem}.xml", boxes, NAMES)
     (sets / "trainval.txt").write_text("a\nb\nc\n")
     (sets / "test.txt").write_text("d\ne\n")
     dataset = formats.read_dataset(year.parent, classes=NAMES, splits=formats.SPLITS)

@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import SMALL_ANCHORS, load_tool
+from helpers import SMALL_ANCHORS, load_tool, write_voc_xml
 from PIL import Image
 
 from yolo3.checkpoint.weights import save_weights
@@ -67,12 +67,7 @@ def _voc(root):
     for images in IMAGES.values():
         for stem, width, height, boxes in images:
             _image(year / "JPEGImages" / f"{stem}.jpg", width, height)
-            objects = "".join(
-                f"<object><name>{NAMES[c]}</name><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
-                f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
-                for x0, y0, x1, y1, c in boxes
-            )
-            (year / "Annotations" / f"{stem}.xml").write_text(f"<annotation>{objects}</annotation>")
+            write_voc_xml(year / "Annotations" / f"{stem}.xml", boxes, NAMES)
     (year / "ImageSets" / "Main" / "trainval.txt").write_text("a\nb\n")
     (year / "ImageSets" / "Main" / "test.txt").write_text("c\nd\n")
     return root

@@ -12,7 +12,7 @@ import shutil
 import globox
 import numpy as np
 import pytest
-from helpers import load_tool
+from helpers import load_tool, write_voc_xml
 from PIL import Image
 from pycocotools.coco import COCO
 
@@ -44,19 +44,6 @@ def _yolo_line(box, width, height):
     x0, y0, x1, y1, class_id = box
     cx, cy = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height
     return f"{class_id} {cx:.10f} {cy:.10f} {(x1 - x0) / width:.10f} {(y1 - y0) / height:.10f}"
-
-
-def _voc_xml(stem, width, height, boxes, difficult=()):
-    objects = "".join(
-        f"<object><name>{NAMES[c]}</name><difficult>{int(i in difficult)}</difficult>"
-        f"<bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax>"
-        "</bndbox></object>"
-        for i, (x0, y0, x1, y1, c) in enumerate(boxes)
-    )
-    return (
-        f"<annotation><filename>{stem}.jpg</filename><size><width>{width}</width>"
-        f"<height>{height}</height><depth>3</depth></size>{objects}</annotation>"
-    )
 
 
 def _coco(split_images, start_id=1):
@@ -115,7 +102,13 @@ def datasets(tmp_path_factory):
         (voc / "JPEGImages").mkdir(parents=True, exist_ok=True)
         (voc / "Annotations").mkdir(parents=True, exist_ok=True)
         shutil.copy(image, voc / "JPEGImages" / f"{stem}.jpg")
-        (voc / "Annotations" / f"{stem}.xml").write_text(_voc_xml(stem, width, height, boxes))
+        write_voc_xml(
+            voc / "Annotations" / f"{stem}.xml",
+            boxes,
+            NAMES,
+            image_size=(width, height),
+            difficult=(),
+        )
     (root / "yolo" / "data.yaml").write_text(
         "path: .\ntrain: images/train\nval: images/val\nnames:\n  0: bolt\n  1: nut\n"
     )
