@@ -446,8 +446,10 @@ def test_a_run_saved_before_grid_sensitivity_resumes_only_with_its_own():
     from yolo3.engine.resume import check_resumed
 
     # config.json of a run from before: resolved settings without scale_x_y, which was 1.
-    saved = {"batch_size": 4, "resolved": {"model": "tiny", "precision": "float32"}}
-    resolved = {"model": "tiny", "precision": "float32", "scale_x_y": [1.1, 1.1]}
+    head = {"model": "tiny", "classes": ["a"], "anchors": [[8, 8]] * 6, "input_size": [64, 64]}
+    saved = {"batch_size": 4, "resolved": {**head, "precision": "float32"}}
+    masks = [[3, 4, 5], [0, 1, 2]]  # Darknet's, as a run of today records
+    resolved = {**head, "precision": "float32", "anchor_masks": masks, "scale_x_y": [1.1, 1.1]}
     with pytest.raises(ValueError, match=r"--scale-x-y gives \[1.1, 1.1\] but the run was saved"):
         check_resumed(saved, {"batch_size": 4}, resolved, log=lambda *_: None)
     check_resumed(saved, {"batch_size": 4}, {**resolved, "scale_x_y": [1.0, 1.0]})

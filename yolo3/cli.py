@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 from yolo3.faults import RunFailed, no_space_path, out_of_space
+from yolo3.model.head import HEAD_FLAG_FIELDS, HEAD_FLAGS
 
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
 # folder goes) is their mistake to fix, not a bug to report with a traceback. A full disk,
@@ -153,25 +154,12 @@ output_file = argument_type(_output_file)
 
 
 def add_detector_arguments(parser):
-    """The options of the tools that run a detector on weights from any source:
-    ``--anchor-masks``, ``--scale-x-y`` and ``--resampling`` (see
-    :class:`yolo3.inference.detect.Detector`), and ``--device``."""
+    """The options of the tools that run a detector on weights from any source: the head's
+    flags (:func:`add_head_arguments`), ``--resampling`` (see
+    :class:`yolo3.inference.detect.Detector`) and ``--device``."""
     from yolo3.data.image import RESAMPLING  # noqa: PLC0415 - the skeleton itself stays light
-    from yolo3.model.resources import parse_anchor_masks, parse_scale_x_y  # noqa: PLC0415
 
-    parser.add_argument(
-        "--anchor-masks",
-        type=argument_type(parse_anchor_masks),
-        help="anchors per head, largest stride first, e.g. '3,4,5 1,2,3' (default: what the "
-        "weights file records; the original keras-yolo3's for its .h5 files)",
-    )
-    parser.add_argument(
-        "--scale-x-y",
-        type=argument_type(parse_scale_x_y),
-        metavar="S",
-        help="grid sensitivity the weights were trained with, one value or one per head, "
-        "largest stride first (default: what the weights file records, else 1)",
-    )
+    add_head_arguments(parser)
     parser.add_argument(
         "--resampling",
         choices=RESAMPLING,
@@ -179,6 +167,18 @@ def add_detector_arguments(parser):
         "Darknet, else bicubic as in training)",
     )
     add_device_argument(parser)
+
+
+def add_head_arguments(parser, source="the weights file"):
+    """One flag per entry of :data:`yolo3.model.head.HEAD_FLAGS` on ``parser``; a value not
+    given is what ``source`` records, else the entry's own default."""
+    for flag in HEAD_FLAGS:
+        parser.add_argument(
+            flag.flag,
+            type=argument_type(flag.parse),
+            metavar=flag.metavar,
+            help=f"{flag.help} (default: what {source} records, else {flag.unrecorded})",
+        )
 
 
 def _parse_device(text):
@@ -249,8 +249,7 @@ WEIGHTS_FLAGS = {
     "anchors": "anchors_path",
     "model_type": None,
     "input_size": "input_size",
-    "anchor_masks": None,
-    "scale_x_y": None,
+    **dict.fromkeys(HEAD_FLAG_FIELDS),
     "resampling": "resampling",
 }
 ARTIFACT_FIXED = tuple(WEIGHTS_FLAGS)

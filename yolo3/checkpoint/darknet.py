@@ -86,6 +86,9 @@ BOUNDS = {
     ("yolo", "num"): (1, MAX_ANCHORS),
 }
 
+# A [yolo] section's grid sensitivity, as AlexeyAB Darknet (and OpenCV's reader) name it.
+GRID_SENSITIVITY_KEY = "scale_x_y"
+
 
 @dataclass(frozen=True)
 class Section:
@@ -353,9 +356,11 @@ def _grid_sensitivity(section):
             f"{where} new_coords={section.options['new_coords']} (Scaled-YOLOv4's box decoding) "
             "is not supported; only new_coords=0"
         )
-    scale = section.get("scale_x_y", SCALE_X_Y, float)
+    scale = section.get(GRID_SENSITIVITY_KEY, SCALE_X_Y, float)
     if not valid_scale_x_y((scale,)):
-        raise ValueError(f"{where} scale_x_y={scale:g}: values below 1 are not supported")
+        raise ValueError(
+            f"{where} {GRID_SENSITIVITY_KEY}={scale:g}: values below 1 are not supported"
+        )
     return scale
 
 

@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 
-from yolo3.checkpoint.darknet import Section, describe_cfg
+from yolo3.checkpoint.darknet import GRID_SENSITIVITY_KEY, Section, describe_cfg
 from yolo3.fileio import atomic_write
 from yolo3.model import network as yolo_model
 
@@ -54,7 +54,7 @@ class _CfgBuilder:
         # Written only where it differs from Darknet's default of 1, which keeps the cfg of
         # a YOLOv3-trained model section for section Darknet's own.
         text = np.format_float_positional(level.xy_scale, trim="-")
-        grid = {} if level.xy_scale == 1.0 else {"scale_x_y": text}
+        grid = {} if level.xy_scale == 1.0 else {GRID_SENSITIVITY_KEY: text}
         self.add("yolo", mask=mask, **self.yolo_options, **grid)
 
 
@@ -132,9 +132,9 @@ def cfg_text(head):
 
     Each level's anchor indices (largest stride first, as this library stores them; Darknet
     lists its [yolo] sections in that order too) become the ``mask=`` of the [yolo] at the
-    same position, and its grid sensitivity that [yolo]'s ``scale_x_y=`` (AlexeyAB Darknet's
-    and OpenCV's key) where it is not 1. :func:`convert` reads the text back to the same
-    head: anchors (float32), masks, grid sensitivity, classes and size.
+    same position, and its grid sensitivity that [yolo]'s :data:`GRID_SENSITIVITY_KEY`
+    (AlexeyAB Darknet's and OpenCV's key) where it is not 1. :func:`convert` reads the text
+    back to the same head: anchors (float32), masks, grid sensitivity, classes and size.
     """
     return _render_cfg(head)[0]
 

@@ -153,10 +153,12 @@ def _open_h5(path):
         ) from None
 
 
-def check_num_classes(path, num_classes, source=None):
-    """Raises if ``path`` records a class count other than ``num_classes``."""
-    metadata = read_metadata(path) if path.endswith(".h5") else None
-    found = (metadata or {}).get("num_classes")
+def check_num_classes(path, num_classes, source=None, metadata=None):
+    """Raises if ``path`` records a class count other than ``num_classes``; ``metadata``:
+    the file's, where the caller has read it (:func:`stored_metadata`)."""
+    if metadata is None:
+        metadata = stored_metadata(path)
+    found = metadata.get("num_classes")
     if found is not None and num_classes is not None and found != num_classes:
         where = f" ({source})" if source else ""
         raise ValueError(
@@ -165,24 +167,19 @@ def check_num_classes(path, num_classes, source=None):
         )
 
 
-def stored_anchor_masks(path, model_type):
-    """The anchor masks the weights in ``path`` were trained with, where the file tells.
-
-    Our files record them in their metadata (``anchor_masks``); a Keras 2 file of the
-    original keras-yolo3 implies that project's masks (its tiny-YOLOv3 differs from
-    Darknet's, see :mod:`yolo3.checkpoint.legacy`). None otherwise: the defaults for the anchor
-    count.
+def implied_head(head, path, given=()):
+    """``head`` as the weights in ``path`` mean it where their file says more than its
+    metadata: a Keras 2 file of the original keras-yolo3 (which records none) implies that
+    project's anchor masks (its tiny-YOLOv3's differ from Darknet's, see
+    :mod:`yolo3.checkpoint.legacy`), unless ``given`` (the head fields a flag set) names them.
     """
-    if not path.endswith(".h5") or not os.path.exists(path):
-        return None
-    masks = (read_metadata(path) or {}).get("anchor_masks")
-    if masks:
-        return tuple(tuple(int(index) for index in mask) for mask in masks)
-    if is_keras2_file(path):
-        from yolo3.checkpoint.legacy import ORIGINAL_ANCHOR_MASKS
+    if "anchor_masks" in given or not path.endswith(".h5") or not os.path.exists(path):
+        return head
+    if stored_metadata(path) or not is_keras2_file(path):
+        return head
+    from yolo3.checkpoint.legacy import ORIGINAL_ANCHOR_MASKS  # noqa: PLC0415
 
-        return ORIGINAL_ANCHOR_MASKS[model_type]
-    return None
+    return head.replace(anchor_masks=ORIGINAL_ANCHOR_MASKS[head.model_type])
 
 
 def stored_metadata(path):
@@ -195,14 +192,14 @@ def stored_metadata(path):
     return read_metadata(path) or {}
 
 
-def stored_resampling(path):
+def stored_resampling(path, metadata=None):
     """``"darknet"`` for weights converted from Darknet (they reproduce Darknet's detections
-    with its own letterbox resize), else ``"bicubic"``, what training here resamples with."""
-    if path.endswith(".h5") and os.path.exists(path):
-        source = (read_metadata(path) or {}).get("source") or ""
-        if source.startswith("darknet:"):
-            return "darknet"
-    return "bicubic"
+    with its own letterbox resize), else ``"bicubic"``, what training here resamples with;
+    ``metadata``: the file's, where the caller has read it (:func:`stored_metadata`)."""
+    if metadata is None:
+        metadata = stored_metadata(path)
+    source = metadata.get("source") or ""
+    return "darknet" if source.startswith("darknet:") else "bicubic"
 
 
 def load_weights(model, path, *, skip_mismatch=False):

@@ -28,26 +28,23 @@ from yolo3.checkpoint import darknet, darknet_writer
 from yolo3.checkpoint import weights as yolo_weights
 from yolo3.cli import (
     ArgumentParser,
+    add_head_arguments,
     add_model_type_argument,
     argument_type,
     output_file,
     run_main,
 )
-from yolo3.model.head import HeadSpec
+from yolo3.model.head import HEAD_FLAG_FIELDS, HeadSpec, flags_given
 from yolo3.model.network import MODEL_TYPES, build_head_model
 from yolo3.model.resources import (
     DARKNET_INPUT_SIZE,
     model_type_for_anchors,
-    parse_anchor_masks,
-    parse_scale_x_y,
     parse_size,
     read_anchors,
 )
 
 # Settings of --to-darknet, as argparse names them.
-EXPORT_FLAGS = (
-    "model_type", "num_classes", "anchors", "anchor_masks", "scale_x_y", "input_size"
-)  # fmt: skip
+EXPORT_FLAGS = ("model_type", "num_classes", "anchors", *HEAD_FLAG_FIELDS, "input_size")
 
 
 def build_parser():
@@ -98,20 +95,7 @@ def build_parser():
     export.add_argument(
         "--anchors", metavar="FILE", help="anchors file (w,h pairs in input pixels)"
     )
-    export.add_argument(
-        "--anchor-masks",
-        type=argument_type(parse_anchor_masks),
-        metavar="MASKS",
-        help="anchors per head, largest stride first, e.g. '3,4,5 0,1,2' (default: Darknet's "
-        "for the anchor count; the original keras-yolo3's for its .h5 files)",
-    )
-    export.add_argument(
-        "--scale-x-y",
-        type=argument_type(parse_scale_x_y),
-        metavar="S",
-        help="grid sensitivity, one value or one per head, largest stride first, written as "
-        "each [yolo]'s scale_x_y (default: what the file records, else 1)",
-    )
+    add_head_arguments(export)
     export.add_argument(
         "--input-size",
         type=argument_type(parse_size),
@@ -207,17 +191,17 @@ def _export_head(args):
     if not input_size:
         input_size = (DARKNET_INPUT_SIZE, DARKNET_INPUT_SIZE)
         print(f"{source} does not record its input size; the cfg gets 416x416 (--input-size)")
-    return HeadSpec.from_metadata(
+    given = flags_given(args)
+    head = HeadSpec.from_metadata(
         metadata,
         source=source,
         anchors=anchors,
         class_names=class_names,
         model_type=model_type,
-        # The flag, else the file's, else the original keras-yolo3's for its Keras 2 files.
-        anchor_masks=args.anchor_masks or yolo_weights.stored_anchor_masks(source, model_type),
-        scale_x_y=args.scale_x_y,
         input_hw=input_size,
+        **given,
     )
+    return yolo_weights.implied_head(head, source, given)
 
 
 def _to_darknet(args):
@@ -226,7 +210,7 @@ def _to_darknet(args):
     yolo_weights.load_weights(model, args.to_darknet)
     darknet_writer.write_darknet(model, args.config_path, args.weights_path, head)
     height, width = head.input_hw
-    masks = [list(mask) for mask in head.anchor_masks]
+    masks = [list(level.anchor_indices) for level in head.levels()]
     print(
         f"wrote {head.model_type} ({head.num_classes} classes, "
         f"{model.count_params():,} parameters; masks {masks}; input {height}x{width}) "

@@ -29,11 +29,10 @@ from yolo3.engine.trainer import (
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.model.head import HeadFieldError, HeadSpec
+from yolo3.model.head import HEAD_FLAG_FIELDS, HeadSpec, flags_given, head_from_flags
 from yolo3.model.network import build_head_model
 from yolo3.model.resources import (
     model_type_for_anchors,
-    parse_scale_x_y,
     read_anchors,
     shipped_anchors,
 )
@@ -143,7 +142,7 @@ class RunSetup:
             "jit_compile": self.jit_compile,
             "multi_scale_sizes": list(self.scales.sizes) if self.scales else None,
             "precision": self.precision,
-            "scale_x_y": head["scale_x_y"],
+            **{field: head[field] for field in HEAD_FLAG_FIELDS},
         }
 
     @property
@@ -192,6 +191,12 @@ def read_data(config):
     return data
 
 
+def _head_settings(config):
+    """The head's fields (:data:`yolo3.model.head.HEAD_FLAGS`) that ``config`` has flags of."""
+    names = {field.name for field in dataclasses.fields(config)}
+    return tuple(field for field in HEAD_FLAG_FIELDS if field in names)
+
+
 def _validation_source(config, record_set):
     """``(RecordSet, split)`` to validate on, or None; each record set is opened once."""
     if config.val_records:
@@ -221,22 +226,17 @@ def resolve_setup(config, strategy, info, data):
         )
     if config.weights:  # before any model is built
         check_model_type(model_type, config.weights, data.weights_metadata)
-    try:
-        head = HeadSpec(
-            anchors=anchors,
-            class_names=data.classes,
-            model_type=model_type,
-            # Fine-tuning without the flag: the weights decode as they were trained (1 where
-            # they do not say).
-            scale_x_y=parse_scale_x_y(config.scale_x_y)
-            if config.scale_x_y is not None
-            else data.weights_metadata.get("scale_x_y"),
-            input_hw=data.input_hw,
-        )
-    except HeadFieldError as error:
-        if error.field == "scale_x_y" and config.scale_x_y is not None:
-            raise error.named("--scale-x-y") from None
-        raise
+    # A head field a run sets by flag: the flag, else (fine-tuning) as the weights were
+    # trained, so that they decode as before; else the head's default.
+    settable = _head_settings(config)
+    head = head_from_flags(
+        flags_given(config, fields=settable),
+        anchors=anchors,
+        class_names=data.classes,
+        model_type=model_type,
+        input_hw=data.input_hw,
+        **{field: data.weights_metadata.get(field) for field in settable},
+    )
     precision = keras.mixed_precision.global_policy().name
     # How gradients cross the network; refused here too when "auto" chose float16.
     communication = config.communication(precision)

@@ -16,6 +16,8 @@ against them:
 import json
 import os
 
+from yolo3.model.head import HEAD_FLAGS, HeadSpec
+
 # A setting a resumed run must keep: (where config.json holds it, the key, the flag a user
 # changes it with). "resolved" values come from more than a flag (the record set, the anchors
 # file's contents, the devices).
@@ -25,7 +27,7 @@ FIXED = (
     ("resolved", "anchors", "--anchors"),
     ("resolved", "input_size", "--records (its image size)"),
     ("resolved", "precision", "--mixed-precision"),
-    ("resolved", "scale_x_y", "--scale-x-y"),
+    *(("resolved", flag.field, flag.flag) for flag in HEAD_FLAGS),
     ("config", "compress", "--compress"),
     ("config", "rank", "--rank"),
     ("config", "local_steps", "--local-steps"),
@@ -33,9 +35,6 @@ FIXED = (
     ("config", "outer_momentum", "--outer-momentum"),
 )
 FIXED_FIELDS = frozenset(key for where, key, _ in FIXED if where == "config")
-# What a run saved before a FIXED resolved setting was recorded had: the grid sensitivity
-# of every head was YOLOv3's 1 (the checkpoints of such runs decode so).
-BEFORE_RECORDED = {"scale_x_y": lambda resolved: [1.0] * len(resolved.get("scale_x_y", ()))}
 # Changes a resumed run honours and reports from its resolved settings: where they come from
 # the devices or the cluster rather than one flag.
 RESOLVED_LOGGED = (
@@ -77,10 +76,7 @@ def check_resumed(saved, config, resolved, log=print):
     """
     if saved is None:
         return
-    saved_resolved = dict(saved.get("resolved", {}))
-    if saved_resolved:  # a run saved with its resolved settings, before some were recorded
-        for key, before in BEFORE_RECORDED.items():
-            saved_resolved.setdefault(key, before(resolved))
+    saved_resolved = _head_recorded(dict(saved.get("resolved", {})))
     now = {"config": config, "resolved": resolved}
     was = {"config": saved, "resolved": saved_resolved}
     for where, key, flag in FIXED:
@@ -101,6 +97,19 @@ def check_resumed(saved, config, resolved, log=print):
     for key, name in RESOLVED_LOGGED:
         if key in saved_resolved and saved_resolved[key] != resolved.get(key):
             log(f"resume: {name} {resolved.get(key)} (was {saved_resolved[key]})")
+
+
+def _head_recorded(resolved):
+    """``resolved`` (a saved run's) with the head's fields it was saved before recording:
+    their meaning then, as a checkpoint of that time reads (:meth:`HeadSpec.from_metadata`)."""
+    if not resolved.get("anchors") or not resolved.get("classes"):
+        return resolved
+    try:
+        head = HeadSpec.from_metadata({**resolved, "model_type": resolved.get("model")})
+    except ValueError:  # what it records is compared, and refused, as it is
+        return resolved
+    recorded = head.to_metadata()
+    return {**{flag.field: recorded[flag.field] for flag in HEAD_FLAGS}, **resolved}
 
 
 def _normal(value):

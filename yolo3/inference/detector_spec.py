@@ -11,8 +11,9 @@ from yolo3.data.image import RESAMPLING
 from yolo3.model.head import HeadSpec
 
 # An artifact's JSON, key by key in the order artifacts have always held them: the head's
-# keys (as :meth:`HeadSpec.to_metadata` names them) and the detector's own. Artifacts from
-# before the grid sensitivity have no ``scale_x_y`` and read as YOLOv3's 1.
+# keys (as :meth:`HeadSpec.to_metadata` names them) and the detector's own, each key added
+# later at the end. An artifact from before a key reads as its old meaning
+# (:meth:`HeadSpec.from_metadata`).
 JSON_KEYS = (
     "model_type",
     "classes",
@@ -103,62 +104,83 @@ def spec_for_weights(
     ``input_size`` is an int or ``(height, width)``; the paths are the classes and anchors
     files (``--classes``, ``--anchors``). ``class_names`` stands in for a classes file (a
     record set's own names); ``classes_path`` wins over it. ``head_overrides`` holds the
-    other head fields given (``model_type``, ``anchor_masks``, ``scale_x_y``, keyed as
-    :class:`yolo3.model.head.HeadSpec` names them; None values are not given). Masks
-    neither given nor recorded are the ones a Keras 2 file of the original keras-yolo3
-    implies (:func:`yolo3.checkpoint.weights.stored_anchor_masks`), else Darknet's.
+    other head fields given (``model_type`` and those of
+    :data:`yolo3.model.head.HEAD_FLAGS`, keyed as :class:`yolo3.model.head.HeadSpec` names
+    them; None values are not given); what neither gives nor the file records is what the
+    file implies (:func:`yolo3.checkpoint.weights.implied_head`), else the head's default.
     ``fallbacks`` may hold ``classes_path``, ``anchors_path`` and ``input_size``: what a tool
     uses for a file that records none (Darknet conversions record no class names or input
     size), each use said through ``log`` so that no default is taken silently.
     """
     from yolo3.checkpoint import weights as weights_io  # noqa: PLC0415 - h5py only where weights are read
-    from yolo3.model.resources import read_anchors, read_classes  # noqa: PLC0415
 
     weights_path = os.fspath(weights_path)
     if not os.path.exists(weights_path):
         raise FileNotFoundError(f"weights file {weights_path} does not exist")
-    metadata = weights_io.read_metadata(weights_path) or {}
-    overrides = {key: value for key, value in (head_overrides or {}).items() if value is not None}
-    fallbacks = fallbacks or {}
-
-    def fallback(key, what, flag):
-        if fallbacks.get(key) is None:
-            raise ValueError(f"weights {weights_path} do not record {what}; give {flag}")
-        if log is not None:
-            log(f"weights {weights_path} record no {what}: using {fallbacks[key]} ({flag})")
-        return fallbacks[key]
-
-    if classes_path is None and class_names is None and not metadata.get("classes"):
-        classes_path = fallback("classes_path", "class names", "--classes FILE")
-    if classes_path is not None:
-        overrides["class_names"] = read_classes(classes_path)
-        weights_io.check_num_classes(weights_path, len(overrides["class_names"]), classes_path)
-    elif class_names is not None:
-        overrides["class_names"] = list(class_names)
-        weights_io.check_num_classes(weights_path, len(class_names), "the given class names")
-    if anchors_path is None and not metadata.get("anchors"):
-        anchors_path = fallback("anchors_path", "anchors", "--anchors FILE")
-    if anchors_path is not None:
-        overrides["anchors"] = read_anchors(anchors_path)
-    if input_size is None and not metadata.get("input_size"):
-        input_size = fallback("input_size", "input size", "--input-size")
-    overrides["input_hw"] = input_size
-    if "model_type" in overrides:  # the file's own type named, before its anchors are judged
-        weights_io.check_model_type(overrides["model_type"], weights_path)
-    source = f"weights {weights_path}"
-    head = HeadSpec.from_metadata(metadata, source=source, **overrides)
-    if not (overrides.get("anchor_masks") or metadata.get("anchor_masks")):
-        # A Keras 2 file of the original keras-yolo3 implies that project's masks.
-        masks = weights_io.stored_anchor_masks(weights_path, head.model_type)
-        if masks:
-            head = head.replace(anchor_masks=masks)
+    stored = _StoredWeights(weights_path, weights_io.stored_metadata(weights_path), fallbacks, log)
+    given = {key: value for key, value in (head_overrides or {}).items() if value is not None}
+    fields = {
+        **given,
+        **stored.class_names(classes_path, class_names),
+        **stored.anchors(anchors_path),
+        "input_hw": stored.input_size(input_size),
+    }
+    if "model_type" in given:  # the file's own type named, before its anchors are judged
+        weights_io.check_model_type(given["model_type"], weights_path, stored.metadata)
+    head = HeadSpec.from_metadata(stored.metadata, source=f"weights {weights_path}", **fields)
     return DetectorSpec(
-        head,
-        resampling=resampling or weights_io.stored_resampling(weights_path),
+        weights_io.implied_head(head, weights_path, given),
+        resampling=resampling or weights_io.stored_resampling(weights_path, stored.metadata),
         score_threshold=score_threshold,
         iou_threshold=iou_threshold,
         max_detections=max_detections,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredWeights:
+    """A weights file's metadata, read once, and what a tool gives where it records nothing:
+    each method returns the head fields its flags give (``{}`` where the file's own hold)."""
+
+    path: str
+    metadata: dict
+    fallbacks: dict | None
+    log: object
+
+    def fallback(self, key, what, flag):
+        fallbacks = self.fallbacks or {}
+        if fallbacks.get(key) is None:
+            raise ValueError(f"weights {self.path} do not record {what}; give {flag}")
+        if self.log is not None:
+            self.log(f"weights {self.path} record no {what}: using {fallbacks[key]} ({flag})")
+        return fallbacks[key]
+
+    def class_names(self, classes_path, class_names):
+        from yolo3.checkpoint.weights import check_num_classes  # noqa: PLC0415
+        from yolo3.model.resources import read_classes  # noqa: PLC0415
+
+        if classes_path is None and class_names is None and not self.metadata.get("classes"):
+            classes_path = self.fallback("classes_path", "class names", "--classes FILE")
+        if classes_path is not None:
+            names, source = read_classes(classes_path), classes_path
+        elif class_names is not None:
+            names, source = list(class_names), "the given class names"
+        else:
+            return {}
+        check_num_classes(self.path, len(names), source, self.metadata)
+        return {"class_names": names}
+
+    def anchors(self, anchors_path):
+        from yolo3.model.resources import read_anchors  # noqa: PLC0415
+
+        if anchors_path is None and not self.metadata.get("anchors"):
+            anchors_path = self.fallback("anchors_path", "anchors", "--anchors FILE")
+        return {"anchors": read_anchors(anchors_path)} if anchors_path is not None else {}
+
+    def input_size(self, input_size):
+        if input_size is None and not self.metadata.get("input_size"):
+            return self.fallback("input_size", "input size", "--input-size")
+        return input_size
 
 
 def load_keras_model(weights_path, spec):

@@ -20,6 +20,8 @@ from yolo3.model.resources import (
     SCALE_X_Y_RULE,
     default_anchor_masks,
     model_type_for_anchors,
+    parse_anchor_masks,
+    parse_scale_x_y,
     valid_scale_x_y,
 )
 
@@ -238,6 +240,76 @@ class HeadSpec:
             return cls(**values)
         except ValueError as error:
             raise ValueError(f"{source}: {error}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadFlag:
+    """A field of the head that a user may set by flag, alike in every tool that takes it
+    (``yolo3 detect``, ``evaluate``, ``convert --to-darknet``, and ``yolo3 train`` where its
+    config has the field).
+
+    ``field`` is the :class:`HeadSpec` field and its metadata key; ``parse`` turns the flag's
+    text into the field's value (ValueError naming the flag); ``unrecorded`` says what holds
+    where neither the flag nor the weights file gives a value.
+    """
+
+    field: str
+    flag: str
+    parse: object
+    help: str
+    unrecorded: str
+    metavar: str | None = None
+
+    def value(self, given):
+        """``given`` (the flag's text, or a value parsed already, or None) as the field's."""
+        return self.parse(given) if isinstance(given, str) else given
+
+
+# The head's fields a user sets by flag. A new key of the head that users may set is one
+# entry here: the tools' flags, the fine-tuning rule (a run's flag, else the weights' own
+# value), the resume check and the export's arguments follow from it.
+HEAD_FLAGS = (
+    HeadFlag(
+        "anchor_masks",
+        "--anchor-masks",
+        parse_anchor_masks,
+        "anchors per head, largest stride first, e.g. '3,4,5 0,1,2'",
+        "the original keras-yolo3's for its Keras 2 .h5 files, else Darknet's",
+        metavar="MASKS",
+    ),
+    HeadFlag(
+        "scale_x_y",
+        "--scale-x-y",
+        parse_scale_x_y,
+        "grid sensitivity the weights were trained with, one value or one per head, largest "
+        "stride first",
+        "1, YOLOv3's",
+        metavar="S",
+    ),
+)
+HEAD_FLAG_FIELDS = tuple(flag.field for flag in HEAD_FLAGS)
+
+
+def flags_given(values, fields=HEAD_FLAG_FIELDS):
+    """``{field: value}`` of the :data:`HEAD_FLAGS` among ``fields`` that ``values`` (parsed
+    arguments, a config: anything holding them as attributes) gives, each parsed."""
+    return {
+        flag.field: flag.value(getattr(values, flag.field))
+        for flag in HEAD_FLAGS
+        if flag.field in fields and getattr(values, flag.field, None) is not None
+    }
+
+
+def head_from_flags(given, **fields):
+    """``HeadSpec(**fields)`` with ``given`` (:func:`flags_given`) over them; a given value
+    that cannot be is a ValueError naming its flag."""
+    try:
+        return HeadSpec(**{**fields, **given})
+    except HeadFieldError as error:
+        if error.field in given:
+            flag = next(flag.flag for flag in HEAD_FLAGS if flag.field == error.field)
+            raise error.named(flag) from None
+        raise
 
 
 def _per_level(scale_x_y, num_levels):
