@@ -29,69 +29,29 @@ from yolo3.cli import start_tensorflow
 
 start_tensorflow()  # before the library imports TensorFlow: its start-up log held back
 
+from yolo3 import flags
 from yolo3.cli import (
     ArgumentParser,
     add_progress_arguments,
-    argument_type,
-    dataclass_from_args,
     fail,
     output_folder,
     progress_setting,
     run_main,
 )
-from yolo3.data import formats, preprocess
+from yolo3.data import preprocess
 from yolo3.data.augment import AugmentConfig
+from yolo3.data.preprocess import PreprocessConfig
 from yolo3.distributed.devices import available_cores
-from yolo3.model.resources import parse_size, read_classes
 from yolo3.text import plural
 
 
 def add_dataset_arguments(parser, group=None):
     """The flags that name a dataset, its split and its records' size, on ``parser`` (in
-    ``group`` when given): ``yolo3 preprocess`` and ``yolo3 train --data`` take them alike.
-    Returns the group of the validation split's flags."""
-    into = group or parser
-    into.add_argument("--annotations", nargs="+", help="annotation files (keras-yolo3 format)")
-    formats.add_arguments(
-        into,
-        data_help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
-        "(Darknet), a COCO JSON or a VOCdevkit folder",
-    )
-    into.add_argument(
-        "--classes",
-        help="classes file, one name per line (with --data: only for voc, the classes to keep)",
-    )
-    into.add_argument(
-        "--input-size",
-        type=argument_type(parse_size),
-        default=(416, 416),
-        help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
-    )
-    into.add_argument(
-        "--copies",
-        type=int,
-        default=4,
-        help="augmented copies per training image, besides the clean one",
-    )
-    into.add_argument(
-        "--image-root",
-        help="folder relative image paths start from (default: each annotation file's "
-        "folder; with a COCO --data, the folder of the images)",
-    )
+    ``group`` when given): ``yolo3 preprocess`` and ``yolo3 train --data`` take them alike,
+    the settings of :class:`yolo3.data.preprocess.PreprocessConfig`'s groups ``"dataset"``
+    and ``"validation"``. Returns the group of the validation split's flags."""
     split = group or parser.add_argument_group("validation split and class filter")
-    split.add_argument(
-        "--val-annotations",
-        nargs="+",
-        default=(),
-        help="annotation files of a separate validation set",
-    )
-    split.add_argument(
-        "--val-fraction",
-        type=float,
-        help="hold this share of the images out for validation when the dataset names no "
-        f"validation split (default: {preprocess.DEFAULT_VAL_FRACTION:g}, seeded by --seed; "
-        "0: train without one)",
-    )
+    flags.add_arguments({"dataset": group or parser, "validation": split}, PreprocessConfig)
     return split
 
 
@@ -100,58 +60,11 @@ def dataset_config(args, **settings):
     flags (and those of ``yolo3 preprocess`` alone, where ``args`` has them); ``settings``:
     fields given otherwise. Raises ValueError naming the flag a dataset lacks (the config's
     checks)."""
-    return dataclass_from_args(
-        preprocess.PreprocessConfig,
-        args,
-        annotations=tuple(args.annotations or ()),
-        classes=tuple(read_classes(args.classes)) if args.classes else (),
-        **settings,
-    )
+    return flags.from_args(PreprocessConfig, args, **settings)
 
 
-def build_parser():
-    parser = ArgumentParser(
-        description="Pack annotated images into letterboxed and augmented TFRecord shards."
-    )
-    split = add_dataset_arguments(parser)
-    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
-    split.add_argument("--val-per-class", type=int, help="carve N images per class out")
-    split.add_argument(
-        "--min-images-per-class",
-        type=int,
-        default=0,
-        help="drop classes that appear in fewer images than this",
-    )
-    out = parser.add_argument_group("output format")
-    out.add_argument("--format", choices=("jpeg", "raw"), default="jpeg")
-    out.add_argument("--quality", type=int, default=90, help="JPEG quality")
-    out.add_argument(
-        "--val-format",
-        choices=preprocess.VAL_FORMATS,
-        default="lossless",
-        help="the validation split's images: lossless (PNG in a JPEG set: mAP is measured on "
-        "the images as they are) or the same as the training split's",
-    )
-    out.add_argument("--shard-mb", type=float, default=100.0, help="target shard size in MB")
-    out.add_argument("--num-shards", type=int, help="training shards (overrides --shard-mb)")
-    aug = parser.add_argument_group("augmentation (defaults: the original keras-yolo3)")
-    defaults = AugmentConfig()
-    aug.add_argument("--jitter", type=float, default=defaults.jitter)
-    aug.add_argument("--scale", type=float, nargs=2, default=defaults.scale, metavar=("MIN", "MAX"))
-    aug.add_argument("--flip", type=float, default=defaults.flip, help="flip probability")
-    aug.add_argument("--hue", type=float, default=defaults.hue)
-    aug.add_argument("--saturation", type=float, default=defaults.saturation)
-    aug.add_argument("--value", type=float, default=defaults.value)
-    aug.add_argument(
-        "--mosaic",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that an augmented copy is a mosaic of 4 training images, each "
-        "quarter augmented as above (needs 4 or more training images); default 0",
-    )
-    run = parser.add_argument_group("running")
-    run.add_argument("--seed", type=int, default=0)
+def _add_running_arguments(run):
+    """The flags of how a run goes, which leave its output as it is."""
     run.add_argument(
         "--workers",
         type=int,
@@ -169,6 +82,25 @@ def build_parser():
     # out of --help.
     run.add_argument("--no-progress", action="store_true", dest="quiet", help=argparse.SUPPRESS)
     run.add_argument("--verify", metavar="DIR", help="check a record set and exit")
+
+
+def build_parser():
+    parser = ArgumentParser(
+        description="Pack annotated images into letterboxed and augmented TFRecord shards."
+    )
+    split = add_dataset_arguments(parser)
+    parser.add_argument("--output", type=output_folder, help="output folder of the record set")
+    # The other settings of PreprocessConfig, one flag per field (yolo3.flags).
+    groups = {
+        "per_class": split,
+        "format": parser.add_argument_group("output format"),
+        "augmentation": parser.add_argument_group(
+            "augmentation (defaults: the original keras-yolo3)"
+        ),
+        "running": parser.add_argument_group("running"),
+    }
+    flags.add_arguments(groups, PreprocessConfig)
+    _add_running_arguments(groups["running"])
     return parser
 
 
@@ -233,9 +165,7 @@ def _preprocess(args, parser):
     if not args.output:
         parser.print_usage(sys.stderr)
         return fail("--output required: the folder the record set is written to")
-    config = dataset_config(
-        args, image_format=args.format, augment=dataclass_from_args(AugmentConfig, args)
-    )
+    config = dataset_config(args, augment=flags.from_args(AugmentConfig, args))
     manifest = preprocess.run(
         config,
         workers=args.workers,

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from yolo3.data.image import PAD_VALUE, letterbox_geometry, letterbox_image, to_rgb
+from yolo3.flags import setting
 
 # Uniform draws per sample, in this order: aspect numerator, aspect denominator, scale, dx, dy,
 # flip, hue, saturation up-or-down, saturation factor, value up-or-down, value factor.
@@ -51,14 +52,19 @@ class AugmentConfig:
         saturation: saturation factor range, >= 1; the factor is U(1, saturation) or its
             reciprocal with equal odds. 1 leaves saturation unchanged.
         value: value (brightness) factor range, >= 1, drawn like ``saturation``.
+
+    Each is a flag of ``yolo3 preprocess`` (:func:`yolo3.flags.setting`), in its group
+    ``"augmentation"``.
     """
 
-    jitter: float = 0.3
-    scale: tuple[float, float] = (0.25, 2.0)
-    flip: float = 0.5
-    hue: float = 0.1
-    saturation: float = 1.5
-    value: float = 1.5
+    jitter: float = setting(0.3, group="augmentation")
+    scale: tuple[float, float] = setting(
+        (0.25, 2.0), group="augmentation", nargs=2, metavar=("MIN", "MAX")
+    )
+    flip: float = setting(0.5, group="augmentation", help="flip probability")
+    hue: float = setting(0.1, group="augmentation")
+    saturation: float = setting(1.5, group="augmentation")
+    value: float = setting(1.5, group="augmentation")
 
     def __post_init__(self):
         # Accept a list (a config read back from JSON) but store a tuple: the class is hashable.

@@ -50,6 +50,8 @@ from yolo3.data import mosaic as mosaic_ops
 from yolo3.data.augment import AugmentConfig, clip_boxes, letterbox, random_augment
 from yolo3.data.image import PAD_VALUE, to_rgb
 from yolo3.distributed.devices import available_cores
+from yolo3.flags import argument_type, setting
+from yolo3.model.resources import parse_size, read_classes
 from yolo3.progress import counter
 
 SPLIT_IDS = {"train": 0, "val": 1}
@@ -62,6 +64,7 @@ MIN_VAL_SHARDS = 2
 # shards up front.
 JPEG_BYTES_PER_PIXEL = 0.3
 PNG_BYTES_PER_PIXEL = 1.5
+IMAGE_FORMATS = ("jpeg", "raw")
 VAL_FORMATS = ("lossless", "same")
 # The last word of a copy's mosaic seed, (seed, split id, ordinal, copy, MOSAIC_STREAM): a
 # stream apart from the copy's augmentation, (seed, split id, ordinal, copy). Not 0: NumPy's
@@ -73,37 +76,120 @@ MOSAIC_STREAM = 0x6D6F73  # "mos"
 DEFAULT_VAL_FRACTION = 0.1
 
 
-@dataclasses.dataclass(frozen=True)
+def _annotation_files(args):
+    return tuple(args.annotations or ())
+
+
+def _class_names(args):
+    """The names in ``--classes``' file; none without the flag."""
+    return tuple(read_classes(args.classes)) if args.classes else ()
+
+
+def _add_data_flags(group, *, help):
+    """``--data`` and ``--data-format``, as every command that reads a dataset names them."""
+    from yolo3.data import formats  # noqa: PLC0415
+
+    formats.add_arguments(group, data_help=help)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PreprocessConfig:
     """Everything that determines the output; two runs with equal configs write equal bytes.
 
     ``workers`` is deliberately not part of it: it changes speed, never the output.
+
+    A field that is a flag of ``yolo3 preprocess`` is a :func:`yolo3.flags.setting`, listed
+    in the order of the flags, in one of these groups: ``"dataset"`` and ``"validation"``
+    (the flags ``yolo3 train --data`` takes too), ``"per_class"``, ``"format"``,
+    ``"augmentation"`` (with :class:`~yolo3.data.augment.AugmentConfig`'s) and ``"running"``.
     """
 
-    output: str
-    input_size: tuple  # (height, width), multiples of 32
-    annotations: tuple = ()  # annotation files, or:
-    data: str | None = None  # a dataset in another layout (yolo3.data.formats)
-    data_format: str | None = None  # its format; None: told by what data is
-    classes: tuple = ()  # required with annotations; with data, VOC's classes to keep
-    copies: int = 4
-    val_annotations: tuple = ()
+    output: str  # --output, the command's own: it checks the folder while parsing
+    annotations: tuple[str, ...] = setting(
+        (),
+        group="dataset",
+        nargs="+",
+        cli_default=None,
+        read=_annotation_files,
+        help="annotation files (keras-yolo3 format)",
+    )
+    # a dataset in another layout (yolo3.data.formats), instead of annotation files
+    data: str | None = setting(
+        None,
+        group="dataset",
+        add=_add_data_flags,
+        help="a dataset instead of annotation files: data.yaml (Ultralytics), .data "
+        "(Darknet), a COCO JSON or a VOCdevkit folder",
+    )
+    # its format; None: told by what data is. Its flag, --data-format, comes with --data's.
+    data_format: str | None = None
+    # required with annotations; with data, VOC's classes to keep
+    classes: tuple[str, ...] = setting(
+        (),
+        group="dataset",
+        cli_default=None,
+        read=_class_names,
+        help="classes file, one name per line (with --data: only for voc, the classes to keep)",
+    )
+    input_size: tuple[int, int] = setting(  # (height, width), multiples of 32
+        group="dataset",
+        parse=argument_type(parse_size),
+        cli_default=(416, 416),
+        help="training size: 416 or HEIGHTxWIDTH, multiples of 32",
+    )
+    copies: int = setting(
+        4, group="dataset", help="augmented copies per training image, besides the clean one"
+    )
+    image_root: str | None = setting(
+        None,
+        group="dataset",
+        help="folder relative image paths start from (default: each annotation file's "
+        "folder; with a COCO --data, the folder of the images)",
+    )
+    val_annotations: tuple[str, ...] = setting(
+        (),
+        group="validation",
+        nargs="+",
+        help="annotation files of a separate validation set",
+    )
     # None: DEFAULT_VAL_FRACTION held out when the source names no validation split; 0: none.
-    val_fraction: float | None = None
-    val_per_class: int | None = None
-    min_images_per_class: int = 0
-    image_format: str = "jpeg"
-    # The validation split: "lossless" (PNG in a JPEG set) so that the mAP measured on it is
-    # the mAP on the user's own images; "same" stores it as the training split.
-    val_format: str = "lossless"
-    quality: int = 90
-    seed: int = 0
-    shard_mb: float = 100.0
-    num_shards: int | None = None
-    image_root: str | None = None
-    augment: AugmentConfig = AugmentConfig()
-    # The probability that an augmented training copy is a mosaic of 4 images.
-    mosaic: float = 0.0
+    val_fraction: float | None = setting(
+        None,
+        group="validation",
+        help="hold this share of the images out for validation when the dataset names no "
+        f"validation split (default: {DEFAULT_VAL_FRACTION:g}, seeded by --seed; "
+        "0: train without one)",
+    )
+    val_per_class: int | None = setting(
+        None, group="per_class", help="carve N images per class out"
+    )
+    min_images_per_class: int = setting(
+        0, group="per_class", help="drop classes that appear in fewer images than this"
+    )
+    image_format: str = setting("jpeg", group="format", flag="--format", choices=IMAGE_FORMATS)
+    quality: int = setting(90, group="format", help="JPEG quality")
+    # "lossless" (PNG in a JPEG set) so that the mAP measured on the validation split is the
+    # mAP on the user's own images; "same" stores it as the training split.
+    val_format: str = setting(
+        "lossless",
+        group="format",
+        choices=VAL_FORMATS,
+        help="the validation split's images: lossless (PNG in a JPEG set: mAP is measured on "
+        "the images as they are) or the same as the training split's",
+    )
+    shard_mb: float = setting(100.0, group="format", help="target shard size in MB")
+    num_shards: int | None = setting(
+        None, group="format", help="training shards (overrides --shard-mb)"
+    )
+    augment: AugmentConfig = AugmentConfig()  # its flags: its own settings, here
+    mosaic: float = setting(
+        0.0,
+        group="augmentation",
+        metavar="P",
+        help="probability that an augmented copy is a mosaic of 4 training images, each "
+        "quarter augmented as above (needs 4 or more training images); default 0",
+    )
+    seed: int = setting(0, group="running")
 
     def __post_init__(self):
         height, width = self.input_size
@@ -111,8 +197,8 @@ class PreprocessConfig:
             raise ValueError(f"--input-size {height}x{width}: both sides must be multiples of 32")
         if self.copies < 0:
             raise ValueError(f"--copies {self.copies} must be >= 0")
-        if self.image_format not in ("jpeg", "raw"):
-            raise ValueError(f"--format {self.image_format!r}: use jpeg or raw")
+        if self.image_format not in IMAGE_FORMATS:
+            raise ValueError(f"--format {self.image_format!r}: use {' or '.join(IMAGE_FORMATS)}")
         if self.val_format not in VAL_FORMATS:
             raise ValueError(f"--val-format {self.val_format!r}: use {' or '.join(VAL_FORMATS)}")
         if not 1 <= self.quality <= 100:

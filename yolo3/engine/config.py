@@ -1,25 +1,19 @@
 """The settings of a training run, each written once.
 
 A field of :class:`TrainConfig` holds its type, its default and, in its metadata
-(:func:`setting`), everything ``yolo3 train`` needs to offer it as a flag: the group it is
-listed in, its help, its choices, its metavar and how the text is parsed. The parser is
-generated from the fields (:func:`add_arguments`) and read back by :func:`from_args`, so a
-new setting is one field here; its checks are in :meth:`TrainConfig.__post_init__` (the
-communication flags' in :func:`yolo3.comm.schemes.communication_from`, which it calls), once,
-whether the run comes from the command line, a notebook or a saved ``config.json``.
+(:func:`yolo3.flags.setting`), everything ``yolo3 train`` needs to offer it as a flag: the
+group of :data:`GROUPS` it is listed in, its help, its choices, its metavar and how the text
+is parsed. The parser is generated from the fields (:func:`add_arguments`) and read back by
+:func:`from_args`, so a new setting is one field here; its checks are in
+:meth:`TrainConfig.__post_init__` (the communication flags' in
+:func:`yolo3.comm.schemes.communication_from`, which it calls), once, whether the run comes
+from the command line, a notebook or a saved ``config.json``.
 """
 
-import argparse
 import dataclasses
-import types
 
-from yolo3.cli import (
-    add_progress_arguments,
-    dataclass_from_args,
-    on_off,
-    output_folder,
-    progress_setting,
-)
+from yolo3 import flags
+from yolo3.cli import add_progress_arguments, on_off, output_folder, progress_setting
 from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.local_steps import DEFAULT_MERGE, MERGES
 from yolo3.comm.powersgd import COMPRESSIONS
@@ -27,6 +21,7 @@ from yolo3.comm.schemes import CommunicationFlags, communication_from
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
 from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
+from yolo3.flags import flag_of, setting  # noqa: F401 - flag_of: callers read it from here
 from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
@@ -59,24 +54,6 @@ RECIPES = {
     "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5, "scale_x_y": "1.1"},
     "fine-tune": {"lr": 1e-3, "ignore_thresh": IGNORE_THRESH, "scale_x_y": None},
 }
-
-
-def setting(default=dataclasses.MISSING, *, group, help=None, flag=None, **cli):
-    """A :class:`TrainConfig` field offered as a flag of ``yolo3 train``.
-
-    Args:
-        default: the field's default (none: a required setting).
-        group: the key of its group in :data:`GROUPS`.
-        help: the flag's help.
-        flag: the flag, when it is not the field's name with hyphens.
-        **cli: more of the flag's description: ``choices``, ``metavar``, ``parse`` (the
-            argparse ``type``; default: from the field's type), ``action`` (``store_true``,
-            ``store_false``, or ``progress`` for ``--progress``/``--quiet``), ``cli_default``
-            (the flag's default where the field has none), ``aliases`` (earlier spellings,
-            kept working out of ``--help``), ``nargs`` and ``const``.
-    """
-    metadata = {"group": group, "help": help, "flag": flag, **cli}
-    return dataclasses.field(default=default, metadata={"cli": metadata})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,7 +386,8 @@ class TrainConfig:
     progress: str = setting(
         "auto",
         group="logging",
-        action="progress",
+        add=add_progress_arguments,  # --progress and --quiet
+        read=progress_setting,
         choices=PROGRESS_CHOICES,
         help="auto: a progress bar on a terminal, plain lines when output goes to a file or "
         "pipe (a Slurm job, nohup, CI): one per epoch with every logged value, and one every "
@@ -463,11 +441,7 @@ class TrainConfig:
         for name, value in RECIPES[self.recipe].items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
-        for field in dataclasses.fields(self):
-            choices = field.metadata["cli"].get("choices")
-            value = getattr(self, field.name)
-            if choices and value not in choices and not (value is None and field.default is None):
-                raise ValueError(f"{flag_of(field)}: one of {', '.join(map(str, choices))}")
+        flags.check_choices(self)
         checks = [
             (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
             (self.epochs >= 1, "--epochs must be >= 1"),
@@ -535,51 +509,18 @@ class TrainConfig:
         flags (:func:`yolo3.comm.schemes.communication_from`, which refuses what does not
         go together); ``precision``: the mixed precision in force, if known."""
         names = (field.name for field in dataclasses.fields(CommunicationFlags))
-        flags = {name: getattr(self, name) for name in names if name != "precision"}
-        return communication_from(**flags, precision=precision)
-
-
-def flag_of(field):
-    """The flag of a :class:`TrainConfig` field, e.g. ``--batch-size``."""
-    return field.metadata["cli"]["flag"] or "--" + field.name.replace("_", "-")
-
-
-def _value_type(field):
-    """What argparse converts a flag's text with: the field's type without ``None``."""
-    kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
-    (kind,) = [kind for kind in kinds if kind is not type(None)]
-    return None if kind is str else kind
+        given = {name: getattr(self, name) for name in names if name != "precision"}
+        return communication_from(**given, precision=precision)
 
 
 def add_arguments(parser):
     """Adds a flag for every :class:`TrainConfig` field to ``parser``, in the groups of
     :data:`GROUPS`; returns the groups by key, for flags of the command's own."""
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
-    for field in dataclasses.fields(TrainConfig):
-        cli = field.metadata["cli"]
-        group, flag = groups[cli["group"]], flag_of(field)
-        if cli.get("action") == "progress":
-            add_progress_arguments(group, help=cli["help"])
-            continue
-        options = {"dest": field.name, "help": cli["help"]}
-        if cli.get("action"):
-            options["action"] = cli["action"]
-        else:
-            options["type"] = cli.get("parse") or _value_type(field)
-            for key in ("choices", "metavar", "nargs", "const"):
-                if cli.get(key) is not None:
-                    options[key] = cli[key]
-            if field.default is dataclasses.MISSING and "cli_default" not in cli:
-                options["required"] = True
-            else:
-                options["default"] = cli.get("cli_default", field.default)
-        group.add_argument(flag, **options)
-        for alias in cli.get("aliases", ()):
-            # An earlier spelling: kept working for a release, out of --help.
-            group.add_argument(alias, **{**options, "help": argparse.SUPPRESS})
+    flags.add_arguments(groups, TrainConfig)
     return groups
 
 
 def from_args(args):
     """The :class:`TrainConfig` of arguments parsed with :func:`add_arguments`' flags."""
-    return dataclass_from_args(TrainConfig, args, progress=progress_setting(args))
+    return flags.from_args(TrainConfig, args)
