@@ -9,6 +9,8 @@
     python tools/benchmark.py predict --collectives 3:1 [--json prediction.json]
     python tools/benchmark.py recipe --settings 'recipe=' 'yolov3=--iou-loss mse --iou-thresh 1'
         --cores 0 1
+    python tools/benchmark.py matrix --input-sizes 96 128 192 256 --train-images 1000 4000
+        --sides ours peer [ours-at-peer-time] --cores 0 1
     python tools/benchmark.py accuracy --settings 'sync=' 'local32=--local-steps 32'
         [--replicas 2] [--seeds 0 1 2 3] [--link 100mbit] --cores 0 1
     python tools/benchmark.py soak [--epochs 1000] [--flags='--map-every 10'] [--json soak.json]
@@ -52,6 +54,13 @@ collectives per step the scaling benchmark counted (``--collectives``). Seconds.
 recipe with each setting's ``yolo3 train`` flags, each seed a run of its own pinned to one
 of ``--cores``, scored on the original validation images; the mean and half-range over the
 seeds. About 5 minutes a run on one idle core at the demo's defaults.
+
+``matrix`` (:mod:`benchmarks.matrix`): the recipe beyond the demo's task: COCO AP of ``yolo3
+train`` and of Ultralytics' YOLOv3-tiny (in its own environment,
+``benchmarks/make_peer_env.sh``) over input sizes and training-set sizes, each seed a run
+pinned to one of ``--cores``, at equal epochs, and (``--sides ours-at-peer-time``) ours at
+the peer's wall time. Results kept in ``WORK/matrix.json``; run again, only the missing
+runs are made.
 
 ``accuracy`` (:mod:`benchmarks.accuracy`): time to accuracy. Each setting trains the demo's
 task with ``--replicas`` replicas and the demo's global batch, once per seed, scoring
@@ -520,6 +529,44 @@ def _add_recipe(subparsers):
     parser.set_defaults(handler=_run_recipe)
 
 
+def _run_matrix(args):
+    from benchmarks.matrix import MatrixConfig, format_matrix, run_matrix  # noqa: PLC0415
+
+    config = dataclass_from_args(MatrixConfig, args, flags=tuple(args.flags.split()))
+    return _measure(run_matrix, format_matrix, config, args)
+
+
+def _add_matrix(subparsers):
+    from benchmarks.matrix import SIDES, MatrixConfig  # noqa: PLC0415
+
+    defaults = MatrixConfig(work="matrix_runs")
+    parser = subparsers.add_parser(
+        "matrix",
+        help="COCO AP of the recipe and of Ultralytics' YOLOv3-tiny over sizes and seeds",
+        description="Trains the demo's task made at each input size with each count of "
+        "training images, ours and the peer's, once per seed, one process per core, and "
+        "scores every run's last weights on the original validation images.",
+    )
+    parser.add_argument("--work", default=defaults.work, help="folder for data, runs, results")
+    parser.add_argument("--input-sizes", type=int, nargs="+", default=defaults.input_sizes)
+    parser.add_argument("--train-images", type=int, nargs="+", default=defaults.train_images)
+    parser.add_argument("--val-images", type=int, default=defaults.val_images)
+    parser.add_argument("--seeds", type=int, nargs="+", default=defaults.seeds)
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=defaults.sides)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument(
+        "--flags",
+        default="",
+        metavar="FLAGS",
+        help="yolo3 train flags added to our recipe, one quoted string (--flags='--mosaic 0')",
+    )
+    parser.add_argument(
+        "--cores", type=int, nargs="+", default=defaults.cores, help="cores, one run each"
+    )
+    parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
+    parser.set_defaults(handler=_run_matrix)
+
+
 def _add_demo_task_flags(parser, *, work, seeds, cores_help=""):
     """The flags of the benchmarks that train the demo's task: its data, seeds and cores."""
     parser.add_argument("--work", default=work, help="folder for data and runs")
@@ -655,6 +702,7 @@ def build_parser():
     _add_detect(subparsers)
     _add_predict(subparsers)
     _add_recipe(subparsers)
+    _add_matrix(subparsers)
     _add_accuracy(subparsers)
     _add_soak(subparsers)
     return parser

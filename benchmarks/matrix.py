@@ -1,0 +1,267 @@
+"""The recipe over a matrix: COCO AP of ``yolo3 train`` and of a peer (Ultralytics'
+YOLOv3-tiny, :mod:`benchmarks.peer`) at several input sizes and training-set sizes.
+
+Each cell of the matrix (an input size and a count of training images) is the demo's task
+made at that size (``yolo3 make-demo-dataset --size S``, its anchors and records as
+:func:`benchmarks.recipe.prepare` makes them), and each side trains it from scratch once per
+seed, in a process of its own pinned to one core; runs go to the given cores as they free
+up, the cheapest cells first. Every run is scored by the same code on the original
+validation images (pycocotools' COCO AP, AP50, AP75; VOC mAP@0.5).
+
+The sides:
+
+- ``ours``: ``yolo3 train`` with the demo's recipe (:data:`benchmarks.recipe.BASE_FLAGS`)
+  plus ``--flags``, ``--epochs`` epochs;
+- ``peer``: Ultralytics' YOLOv3-tiny with its own recipe, the same epochs and batch;
+- ``ours-at-peer-time``: ``yolo3 train --time`` with the peer's training time of the same
+  cell and seed (its epochs fitted to it, at most 100): the comparison at equal wall time.
+  It needs the peer's run of that cell and seed in the results.
+
+A run's ``train_seconds`` is its epochs' wall time as each side counts it (ours: the epochs
+of ``history.jsonl``; the peer: its ``train()``), each with its validation pass;
+``process_seconds`` the whole process, start-up and last report included. Results are
+written to ``WORK/matrix.json`` after every run; run again, the runs it holds are
+kept and only the missing ones made (a stopped benchmark resumes). Training wall times
+compare only between runs made side by side on an otherwise idle machine; the AP figures do
+not depend on the load.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+from pathlib import Path
+
+from benchmarks import peer
+from benchmarks.recipe import (
+    BASE_FLAGS,
+    METRICS,
+    RecipeConfig,
+    check_exit,
+    evaluate_run,
+    prepare,
+    side_by_side,
+    yolo3_process,
+)
+
+SIDES = ("ours", "peer", "ours-at-peer-time")
+# The cap of a run fitted to the peer's time: its epochs are as many as that time holds.
+TIME_EPOCH_CAP = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixConfig:
+    """The matrix, as ``tools/benchmark.py matrix`` takes it (see the module docstring)."""
+
+    work: str
+    input_sizes: tuple = (96, 128, 192, 256)
+    train_images: tuple = (1000, 4000)
+    seeds: tuple = (0, 1)
+    sides: tuple = ("ours", "peer")
+    epochs: int = 6
+    val_images: int = 300
+    flags: tuple = ()
+    cores: tuple = (0,)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.sides) - set(SIDES))
+        if unknown:
+            raise ValueError(f"--sides {' '.join(unknown)}: use {', '.join(SIDES)}")
+        if any(size % 32 or size < 32 for size in self.input_sizes):
+            raise ValueError(f"--input-sizes {self.input_sizes}: multiples of 32")
+        if not (self.seeds and self.cores and self.input_sizes and self.train_images):
+            raise ValueError("give at least one seed, core, input size and image count")
+        if self.epochs < 1 or min(self.train_images) < 1:
+            raise ValueError("--epochs and --train-images must be at least 1")
+
+    def cells(self):
+        """``(input size, training images)`` of every cell, the cheapest first."""
+        cells = [(size, count) for size in self.input_sizes for count in self.train_images]
+        return sorted(cells, key=lambda cell: (cell[0] ** 2 * cell[1], cell))
+
+    def cell_task(self, cell):
+        """The :class:`benchmarks.recipe.RecipeConfig` that makes ``cell``'s data."""
+        size, count = cell
+        return RecipeConfig(
+            settings=(("recipe", ()),),
+            work=str(Path(self.work) / f"s{size}-n{count}"),
+            train_images=count,
+            val_images=self.val_images,
+            input_size=size,
+        )
+
+
+def run_key(run):
+    return (run["input_size"], run["train_images"], run["side"], run["seed"])
+
+
+class Results:
+    """``WORK/matrix.json``: the runs made so far, rewritten whole after each one."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.runs = {run_key(run): run for run in saved.get("runs", [])}
+
+    def add(self, run):
+        self.runs[run_key(run)] = run
+        temporary = self.path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps({"runs": sorted(self.runs.values(), key=run_key)}))
+        os.replace(temporary, self.path)
+
+    def peer_seconds(self, cell, seed):
+        run = self.runs.get((*cell, "peer", seed))
+        return run["train_seconds"] if run else None
+
+
+def plan(config, results):
+    """The runs still to make: ``(cell, side, seed)``, the cheapest cells first. ValueError
+    when an equal-time run lacks the peer's run it is timed by."""
+    jobs = []
+    for cell in config.cells():
+        for side in config.sides:
+            for seed in config.seeds:
+                if (*cell, side, seed) in results.runs:
+                    continue
+                needs_peer = side == "ours-at-peer-time" and "peer" not in config.sides
+                if needs_peer and results.peer_seconds(cell, seed) is None:
+                    raise ValueError(
+                        f"ours-at-peer-time at {cell[0]} px, {cell[1]} images, seed {seed}: "
+                        "no peer run of it yet; add --sides peer"
+                    )
+                jobs.append((cell, side, seed))
+    # An equal-time run starts after its peer's: it goes last.
+    return sorted(jobs, key=lambda job: job[1] == "ours-at-peer-time")
+
+
+def run_matrix(config, command=None, log=print):
+    """Makes every missing run of the matrix; the result dict (see :func:`summarize`)."""
+    work = Path(config.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results = Results(work / "matrix.json")
+    jobs = plan(config, results)
+    data = {cell: prepare(config.cell_task(cell)) for cell in {job[0] for job in jobs}}
+    peers = {}
+
+    def folder(cell, side, seed):
+        return Path(config.cell_task(cell).work) / "runs" / f"{side}-seed{seed}"
+
+    def start(job, core):
+        cell, side, seed = job
+        run_dir = folder(*job)
+        shutil.rmtree(run_dir, ignore_errors=True)  # what a stopped run left: not in the results
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        (annotations, records, anchors) = data[cell]
+        log(f"core {core}: {cell[0]} px, {cell[1]} images, {side}, seed {seed}")
+        if side == "peer":
+            if cell not in peers:
+                peers[cell] = peer.convert_dataset(
+                    annotations / "train.txt", annotations / "val.txt",
+                    annotations / "classes.txt", Path(config.cell_task(cell).work) / "peer_data",
+                )  # fmt: skip
+            return peer.start_training(
+                peers[cell], run_dir, imgsz=cell[0], epochs=config.epochs, seed=seed,
+                core=core, log=f"{run_dir}.log",
+            )  # fmt: skip
+        schedule = ("--epochs", config.epochs)
+        if side == "ours-at-peer-time":
+            minutes = results.peer_seconds(cell, seed) / 60
+            schedule = ("--epochs", TIME_EPOCH_CAP, "--time", f"{minutes:.3f}")
+        train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
+                 "--seed", seed, *schedule, *BASE_FLAGS, *config.flags)  # fmt: skip
+        return yolo3_process(*train, core=core, log=f"{run_dir}.log")
+
+    def finish(job, core, process, process_seconds):
+        cell, side, seed = job
+        run_dir = folder(*job)
+        check_exit(process, f"{side} at {cell}, seed {seed} (log: {run_dir}.log)", 0)
+        annotations = data[cell][0]
+        if side == "peer":
+            report = json.loads((run_dir / "detections.json").read_text())
+            figures = peer.score_detections(
+                run_dir / "detections.json", annotations / "val.txt", annotations / "classes.txt"
+            )
+            seconds, epochs = report["train_seconds"], report["epochs"]
+        else:
+            figures = evaluate_run(run_dir, annotations, core)
+            epochs, seconds = _trained(run_dir)
+        run = {"input_size": cell[0], "train_images": cell[1], "side": side, "seed": seed,
+               "train_seconds": seconds, "process_seconds": process_seconds, "epochs": epochs,
+               **figures}  # fmt: skip
+        results.add(run)
+        log(f"{cell[0]} px, {cell[1]} images, {side}, seed {seed}: "
+            + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
+            + f"; {epochs} epochs in {seconds:.0f} s")  # fmt: skip
+
+    side_by_side(jobs, config.cores, start, finish)
+    return summarize(config, results, command)
+
+
+def _trained(run_dir):
+    """``(epochs, seconds)`` of a run's ``history.jsonl``: its epochs, and their wall time
+    summed (what the peer's ``train_seconds`` counts: the epochs with their validation, not
+    the process's start)."""
+    lines = (Path(run_dir) / "history.jsonl").read_text().splitlines()
+    epochs = [json.loads(line) for line in lines if line.strip()]
+    return len(epochs), sum(epoch["seconds"] for epoch in epochs)
+
+
+def summarize(config, results, command=None):
+    """``{"command", "config", "runs", "cells"}``: per cell and side the mean of each metric,
+    of the training seconds and of the epochs over its seeds, and half their range."""
+    cells = []
+    for cell in config.cells():
+        for side in config.sides:
+            own = [results.runs[key] for key in sorted(results.runs) if key[:3] == (*cell, side)]
+            if not own:
+                continue
+            row = {"input_size": cell[0], "train_images": cell[1], "side": side,
+                   "seeds": [run["seed"] for run in own]}  # fmt: skip
+            for key in (*METRICS, "train_seconds", "epochs"):
+                values = [run[key] for run in own if run.get(key) is not None]
+                row[key] = statistics.fmean(values) if values else None
+                row[f"{key}_half_range"] = (max(values) - min(values)) / 2 if values else None
+            cells.append(row)
+    return {
+        "command": command,
+        "config": dataclasses.asdict(config),
+        "runs": sorted(results.runs.values(), key=run_key),
+        "cells": cells,
+    }
+
+
+def format_matrix(result):
+    """The result as a Markdown table: one row a cell, each side's AP and time beside."""
+    rows = {}
+    for row in result["cells"]:
+        rows.setdefault((row["input_size"], row["train_images"]), {})[row["side"]] = row
+    sides = [side for side in SIDES if any(side in by_side for by_side in rows.values())]
+    header = ["input", "train images"]
+    for side in sides:
+        header += [f"{side} AP", f"{side} AP50", f"{side} epochs", f"{side} s"]
+    if {"ours", "peer"} <= set(sides):
+        header.append("AP ours - peer")
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for (size, count), by_side in sorted(rows.items()):
+        cells = [f"{size} px", str(count)]
+        for side in sides:
+            row = by_side.get(side)
+            cells += _side_cells(row)
+        if {"ours", "peer"} <= set(sides):
+            ours, other = by_side.get("ours"), by_side.get("peer")
+            gap = ours["AP"] - other["AP"] if ours and other else None
+            cells.append("-" if gap is None else f"{gap:+.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _side_cells(row):
+    if row is None:
+        return ["-"] * 4
+    return [
+        f"{row['AP']:.3f} ± {row['AP_half_range']:.3f}",
+        f"{row['AP50']:.3f}",
+        f"{row['epochs']:.1f}",
+        f"{row['train_seconds']:.0f}",
+    ]

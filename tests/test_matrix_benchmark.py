@@ -1,0 +1,83 @@
+"""The recipe matrix benchmark's own logic (benchmarks/matrix.py), without training: which
+runs it plans, what it keeps between invocations, and the table it prints."""
+
+import json
+
+import pytest
+
+from benchmarks.matrix import MatrixConfig, Results, format_matrix, plan, summarize
+
+
+def figures(ap, seconds, epochs=6):
+    return {"AP": ap, "AP50": ap + 0.3, "AP75": ap, "mAP50": ap + 0.3,
+            "train_seconds": seconds, "epochs": epochs}  # fmt: skip
+
+
+def run(size, images, side, seed, ap, seconds, epochs=6):
+    return {"input_size": size, "train_images": images, "side": side, "seed": seed,
+            **figures(ap, seconds, epochs)}  # fmt: skip
+
+
+def test_plan_runs_cheapest_cells_first_and_equal_time_runs_last(tmp_path):
+    config = MatrixConfig(
+        work=str(tmp_path), input_sizes=(192, 96), train_images=(4000, 1000), seeds=(0, 1),
+        sides=("ours", "peer", "ours-at-peer-time"),
+    )  # fmt: skip
+    jobs = plan(config, Results(tmp_path / "matrix.json"))
+    assert [cell for cell, _, _ in jobs[:4]] == [(96, 1000)] * 4  # 96^2 x 1000 is the cheapest
+    # 96 px x 4000 (36.9M pixels) costs less than 192 px x 1000 (36.9M: a tie, by size then)
+    order = list(dict.fromkeys(cell for cell, side, _ in jobs if side != "ours-at-peer-time"))
+    assert order == [(96, 1000), (96, 4000), (192, 1000), (192, 4000)]
+    assert all(side == "ours-at-peer-time" for _, side, _ in jobs[16:])
+    assert len(jobs) == 4 * 3 * 2
+
+
+def test_results_are_kept_and_only_missing_runs_are_planned(tmp_path):
+    config = MatrixConfig(work=str(tmp_path), input_sizes=(96,), train_images=(100,))
+    results = Results(tmp_path / "matrix.json")
+    results.add(run(96, 100, "ours", 0, 0.5, 40.0))
+    results.add(run(96, 100, "peer", 1, 0.4, 60.0))
+    again = Results(tmp_path / "matrix.json")  # a new invocation reads what the last wrote
+    assert sorted(plan(config, again)) == [((96, 100), "ours", 1), ((96, 100), "peer", 0)]
+    assert again.peer_seconds((96, 100), 1) == 60.0 and again.peer_seconds((96, 100), 0) is None
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_an_equal_time_run_needs_its_peer_run(tmp_path):
+    config = MatrixConfig(
+        work=str(tmp_path), input_sizes=(96,), train_images=(100,), seeds=(0,),
+        sides=("ours-at-peer-time",),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="96 px, 100 images, seed 0: no peer run"):
+        plan(config, Results(tmp_path / "matrix.json"))
+    results = Results(tmp_path / "matrix.json")
+    results.add(run(96, 100, "peer", 0, 0.4, 60.0))
+    assert plan(config, results) == [((96, 100), "ours-at-peer-time", 0)]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [({"sides": ("ours", "theirs")}, "--sides theirs"), ({"input_sizes": (100,)}, "multiples")],
+)
+def test_bad_settings_are_refused(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        MatrixConfig(work=str(tmp_path), **changes)
+
+
+def test_summary_means_over_seeds_and_table(tmp_path):
+    config = MatrixConfig(work=str(tmp_path), input_sizes=(96,), train_images=(100,))
+    results = Results(tmp_path / "matrix.json")
+    for seed, (ours, theirs) in enumerate(((0.60, 0.55), (0.64, 0.57))):
+        results.add(run(96, 100, "ours", seed, ours, 40.0 + seed))
+        results.add(run(96, 100, "peer", seed, theirs, 60.0 + 3 * seed))
+    summary = summarize(config, results, command="cmd")
+    ours = next(row for row in summary["cells"] if row["side"] == "ours")
+    assert ours["AP"] == pytest.approx(0.62) and ours["AP_half_range"] == pytest.approx(0.02)
+    assert ours["train_seconds"] == pytest.approx(40.5) and ours["seeds"] == [0, 1]
+    json.dumps(summary)  # what --json writes
+    table = format_matrix(summary).splitlines()
+    assert table[0].startswith("| input | train images | ours AP |")
+    assert table[2] == (
+        "| 96 px | 100 | 0.620 ± 0.020 | 0.920 | 6.0 | 40 | 0.560 ± 0.010 | 0.860 | 6.0 | 62 "
+        "| +0.060 |"
+    )
