@@ -9,12 +9,13 @@ traceback; an unexpected error keeps its traceback, because it is a bug to repor
 import argparse
 import contextlib
 import copy
-import dataclasses
 import os
 import sys
 import tempfile
 
 from yolo3.faults import RunFailed, no_space_path, out_of_space
+from yolo3.flags import argument_type
+from yolo3.flags import from_args as dataclass_from_args  # noqa: F401 - the commands' name
 from yolo3.model.head import HEAD_FLAG_FIELDS, HEAD_FLAGS
 
 # OSError: a path a user gave that cannot be read or written (permissions, a file where a
@@ -93,19 +94,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, formatter_class=HelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
-
-
-def argument_type(parse):
-    """``parse`` as an argparse ``type=``: its ValueError message becomes argparse's error."""
-
-    def convert(text):
-        try:
-            return parse(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
 
 
 def _on_off(text):
@@ -286,19 +274,6 @@ def add_progress_arguments(
 
     parser.add_argument("--progress", choices=PROGRESS_CHOICES, default="auto", help=help)
     parser.add_argument("--quiet", action="store_true", help="no progress display (--progress off)")
-
-
-def dataclass_from_args(config_class, args, **given):
-    """The ``config_class`` dataclass of parsed ``args``: each field the argument of its name
-    (a list, as ``nargs`` gives it, as a tuple), a field with no such argument at its
-    default, and the fields in ``given`` as given (a flag named otherwise, a value read from
-    a file, a nested config)."""
-    values = dict(given)
-    for field in dataclasses.fields(config_class):
-        if field.name not in values and hasattr(args, field.name):
-            value = getattr(args, field.name)
-            values[field.name] = tuple(value) if isinstance(value, list) else value
-    return config_class(**values)
 
 
 def progress_setting(args):
