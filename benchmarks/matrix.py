@@ -199,12 +199,13 @@ def run_matrix(config, command=None, log=print):
 
 
 def _trained(run_dir):
-    """``(epochs, seconds)`` of a run's ``history.jsonl``: its epochs, and their wall time
-    summed (what the peer's ``train_seconds`` counts: the epochs with their validation, not
-    the process's start)."""
+    """``(epochs, seconds)`` of a run's ``history.jsonl``: its epochs, and the wall time from
+    the start of training to the end of the last (each line's ``seconds`` counts from the
+    start): what the peer's ``train_seconds`` counts, the epochs with their validation, not
+    the process's start."""
     lines = (Path(run_dir) / "history.jsonl").read_text().splitlines()
     epochs = [json.loads(line) for line in lines if line.strip()]
-    return len(epochs), sum(epoch["seconds"] for epoch in epochs)
+    return len(epochs), epochs[-1]["seconds"]
 
 
 def summarize(config, results, command=None):
