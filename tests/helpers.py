@@ -62,9 +62,13 @@ def random_boxes(rng, batch, max_boxes, size, num_classes, fill=0.6):
     return boxes
 
 
-def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks, iou_thresh=1.0):
+def numpy_targets(
+    boxes, input_hw, anchors, num_classes, anchor_masks, iou_thresh=1.0, neighbour_cells=False
+):
     """Loop-per-box reference of the original ``preprocess_true_boxes`` assignment; with
-    ``iou_thresh`` < 1, AlexeyAB Darknet's: also every anchor whose IoU is above it."""
+    ``iou_thresh`` < 1, AlexeyAB Darknet's: also every anchor whose IoU is above it; with
+    ``neighbour_cells``, YOLOv5's: also the cells beside the centre's nearest to the centre,
+    written first (x, then y), so that a centre's entry overwrites them."""
     height, width = input_hw
     batch = boxes.shape[0]
     strides = [32 // 2**level for level in range(len(anchor_masks))]
@@ -72,31 +76,39 @@ def numpy_targets(boxes, input_hw, anchors, num_classes, anchor_masks, iou_thres
         np.zeros((batch, height // s, width // s, len(m), 5 + num_classes), np.float32)
         for s, m in zip(strides, anchor_masks)
     ]
-    for image in range(batch):
-        for x0, y0, x1, y1, class_id in boxes[image]:
-            w, h = x1 - x0, y1 - y0
-            if w <= 0 or h <= 0:
-                continue
-            ious = []
-            for aw, ah in anchors:
-                inter = min(w, aw) * min(h, ah)
-                ious.append(inter / (w * h + aw * ah - inter))
-            best = int(np.argmax(ious))
-            chosen = [n for n in range(len(anchors)) if n == best or ious[n] > iou_thresh]
-            for level, mask in enumerate(anchor_masks):
-                for anchor in chosen:
-                    if anchor not in mask:
-                        continue
-                    grid_h, grid_w = targets[level].shape[1:3]
-                    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-                    col = min(int(np.floor(cx / width * grid_w)), grid_w - 1)
-                    row = min(int(np.floor(cy / height * grid_h)), grid_h - 1)
-                    slot = list(mask).index(anchor)
-                    cell = targets[level][image, row, col, slot]
-                    cell[:] = 0
-                    cell[:4] = [cx / width, cy / height, w / width, h / height]
-                    cell[4] = 1
-                    cell[5 + int(class_id)] = 1
+    for phase in ("x", "y", "centre") if neighbour_cells else ("centre",):
+        for image in range(batch):
+            for x0, y0, x1, y1, class_id in boxes[image]:
+                w, h = x1 - x0, y1 - y0
+                if w <= 0 or h <= 0:
+                    continue
+                ious = []
+                for aw, ah in anchors:
+                    inter = min(w, aw) * min(h, ah)
+                    ious.append(inter / (w * h + aw * ah - inter))
+                best = int(np.argmax(ious))
+                chosen = [n for n in range(len(anchors)) if n == best or ious[n] > iou_thresh]
+                for level, mask in enumerate(anchor_masks):
+                    for anchor in chosen:
+                        if anchor not in mask:
+                            continue
+                        grid_h, grid_w = targets[level].shape[1:3]
+                        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+                        gx, gy = cx / width * grid_w, cy / height * grid_h
+                        col = min(int(np.floor(gx)), grid_w - 1)
+                        row = min(int(np.floor(gy)), grid_h - 1)
+                        if phase == "x":
+                            col += -1 if gx - col < 0.5 else 1
+                        elif phase == "y":
+                            row += -1 if gy - row < 0.5 else 1
+                        if not (0 <= col < grid_w and 0 <= row < grid_h):
+                            continue
+                        slot = list(mask).index(anchor)
+                        cell = targets[level][image, row, col, slot]
+                        cell[:] = 0
+                        cell[:4] = [cx / width, cy / height, w / width, h / height]
+                        cell[4] = 1
+                        cell[5 + int(class_id)] = 1
     return targets
 
 

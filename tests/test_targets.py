@@ -12,19 +12,32 @@ YOLO_ANCHORS = read_anchors("model_data/yolo_anchors.txt")
 
 
 @pytest.mark.parametrize(
-    "anchors, masks, input_hw, iou_thresh",
+    "anchors, masks, input_hw, iou_thresh, neighbours",
     [
-        (SMALL_ANCHORS, SMALL_MASKS, (64, 96), 1.0),
-        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 1.0),
+        (SMALL_ANCHORS, SMALL_MASKS, (64, 96), 1.0, False),
+        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 1.0, False),
         # AlexeyAB's several anchors per box, at yolov4.cfg's threshold.
-        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 0.213),
+        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 0.213, False),
+        # YOLOv5's neighbour cells, alone and with several anchors: boxes at the grid's edges
+        # (30 of them in a 64 x 96 input) lose the neighbour outside it.
+        (SMALL_ANCHORS, SMALL_MASKS, (64, 96), 1.0, True),
+        (YOLO_ANCHORS, default_anchor_masks(9), (416, 320), 0.213, True),
     ],
 )
-def test_matches_reference(anchors, masks, input_hw, iou_thresh):
+def test_matches_reference(anchors, masks, input_hw, iou_thresh, neighbours):
     rng = np.random.default_rng(0)
     boxes = random_boxes(rng, 4, 30, min(input_hw), num_classes=3)
-    expected = numpy_targets(boxes, input_hw, anchors, 3, masks, iou_thresh)
-    got = build_targets(boxes, input_hw=input_hw, head=make_head(anchors, 3), iou_thresh=iou_thresh)
+    expected = numpy_targets(boxes, input_hw, anchors, 3, masks, iou_thresh, neighbours)
+    got = build_targets(
+        boxes,
+        input_hw=input_hw,
+        head=make_head(anchors, 3),
+        iou_thresh=iou_thresh,
+        neighbour_cells=neighbours,
+    )
+    if neighbours:  # more cells learn each box than the centre's alone
+        centre = numpy_targets(boxes, input_hw, anchors, 3, masks, iou_thresh)
+        assert sum(t[..., 4].sum() for t in expected) > 2 * sum(t[..., 4].sum() for t in centre)
     if iou_thresh < 1.0:  # the rule assigns more: the reference is not the same as YOLOv3's
         single = numpy_targets(boxes, input_hw, anchors, 3, masks)
         assert sum(t[..., 4].sum() for t in expected) > sum(t[..., 4].sum() for t in single)
@@ -54,6 +67,23 @@ def test_no_cap_on_boxes_per_image():
     boxes = np.array([[[x - 3, y - 4, x + 3, y + 4, 0] for x, y in centres]], np.float32)
     targets = build_targets(boxes, input_hw=(416, 416), head=make_head(YOLO_ANCHORS, 1))
     assert sum(float(tf.reduce_sum(level[..., 4])) for level in targets) == 200
+
+
+def test_neighbour_cells_by_hand():
+    # One 20 x 20 box centred at (20, 40) in a 64 x 64 input; one anchor per level, the box
+    # best fits the stride-16 level's (4 x 4 grid). Its centre is at cell (x 1.25, y 2.5):
+    # column 1, row 2; nearer its left edge (column 0) and, at a half exactly, the lower
+    # neighbour (row 3).
+    head = make_head(((4, 4), (20, 20), (64, 64), (70, 70), (80, 80), (90, 90)), 1)
+    boxes = np.array([[[10, 30, 30, 50, 0]]], np.float32)
+    stride_16 = build_targets(boxes, head=head, input_hw=(64, 64), neighbour_cells=True)[1]
+    cells = {tuple(int(v) for v in cell[1:3]) for cell in np.argwhere(stride_16[..., 4] > 0)}
+    assert cells == {(2, 1), (2, 0), (3, 1)}
+    # Every entry holds the box itself: its centre and size as fractions of the input.
+    for row, column in cells:
+        np.testing.assert_allclose(
+            stride_16[0, row, column, 1, :5], [20 / 64, 40 / 64, 20 / 64, 20 / 64, 1]
+        )
 
 
 def test_later_box_wins_a_shared_cell_and_anchor():

@@ -308,6 +308,8 @@ def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tm
         (("--scale-x-y", "0.9"), "--scale-x-y '0.9': every value must be at least 1"),
         (("--scale-x-y", "1.1,x"), "--scale-x-y '1.1,x': expected a number"),
         (("--scale-x-y", "1,1,1"), "--scale-x-y 1,1,1: give one value, or one per head (2 here"),
+        (("--neighbour-cells", "on"), "--neighbour-cells on: a neighbour cell's prediction"),
+        (("--neighbour-cells", "yes"), "--neighbour-cells: 'yes': use on or off"),
     ],
 )
 def test_communication_flags_reject_bad_values(record_set, tmp_path, capsys, flags, named):

@@ -308,6 +308,7 @@ def build_trainer(config, setup, strategy, log):
             head=setup.head,
             ignore_thresh=config.ignore_thresh,
             iou_thresh=config.iou_thresh,
+            neighbour_cells=config.neighbour_cells,
             loss_options=config.loss_options(),
             remat=config.remat,
             multi_scale=setup.scales,

@@ -135,6 +135,16 @@ class TrainConfig:
         help="also assign a box to every anchor whose IoU with it is above this "
         "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only, as YOLOv3)",
     )
+    neighbour_cells: bool = setting(
+        False,
+        group="model",
+        parse=on_off,
+        metavar="on|off",
+        cli_default="off",
+        help="on: also assign a box to the two cells beside its centre's that lie nearest to "
+        "the centre (YOLOv5's rule), so that more predictions learn each box; needs --scale-x-y "
+        "2 or more, for those cells' predictions to reach the centre",
+    )
     scale_x_y: str | None = setting(
         None,
         group="model",

@@ -33,7 +33,7 @@ from yolo3.model.loss import (
 )
 from yolo3.model.network import head_layer_names
 from yolo3.model.remat import RematForward
-from yolo3.model.targets import IOU_THRESH, build_targets
+from yolo3.model.targets import IOU_THRESH, NEIGHBOUR_SCALE_X_Y, build_targets
 from yolo3.status import TrainingStatus
 
 # Convolutions of the feature extractor that --freeze-body 1 freezes: Darknet-53 for
@@ -191,6 +191,9 @@ class YoloTrainer(StepFunctions, keras.Model):
         iou_thresh: a box is also assigned to every anchor whose centred IoU with it is
             above this (AlexeyAB Darknet's ``iou_thresh``; default
             :data:`yolo3.model.targets.IOU_THRESH`; 1: its best anchor only, YOLOv3's rule).
+        neighbour_cells: a box is also assigned to the two cells beside its centre's
+            nearest to the centre (YOLOv5's rule, :func:`yolo3.model.targets.build_targets`);
+            needs a grid sensitivity of at least 2 on every level.
         loss_options: the loss's box term and the weights of its terms, a
             :class:`yolo3.model.loss.LossOptions` (default: its defaults, the recipe's
             CIoU box term; ``LossOptions(iou_loss="mse")`` is YOLOv3's loss).
@@ -232,6 +235,7 @@ class YoloTrainer(StepFunctions, keras.Model):
         head,
         ignore_thresh=IGNORE_THRESH,
         iou_thresh=IOU_THRESH,
+        neighbour_cells=False,
         loss_options=None,
         remat="off",
         multi_scale=None,
@@ -261,6 +265,13 @@ class YoloTrainer(StepFunctions, keras.Model):
         self.head = head
         self.ignore_thresh = float(ignore_thresh)
         self.iou_thresh = float(iou_thresh)
+        if neighbour_cells and min(head.scale_x_y) < NEIGHBOUR_SCALE_X_Y:
+            raise ValueError(
+                "--neighbour-cells on: a neighbour cell's prediction reaches the box centre "
+                f"only with a grid sensitivity of at least {NEIGHBOUR_SCALE_X_Y:g} (the head "
+                f"has {', '.join(f'{v:g}' for v in head.scale_x_y)}); give --scale-x-y 2"
+            )
+        self.neighbour_cells = bool(neighbour_cells)
         self.loss_options = loss_options or LossOptions()
         self.term_names = loss_terms(self.loss_options.iou_loss)
         self.term_trackers = [
@@ -372,7 +383,13 @@ class YoloTrainer(StepFunctions, keras.Model):
             # The batch's own size: a multi-scale body accepts any.
             input_hw = tuple(x.shape[1:3]) if x is not None else self.body.input_shape[1:3]
             boxes = y
-            y = build_targets(boxes, head=self.head, input_hw=input_hw, iou_thresh=self.iou_thresh)
+            y = build_targets(
+                boxes,
+                head=self.head,
+                input_hw=input_hw,
+                iou_thresh=self.iou_thresh,
+                neighbour_cells=self.neighbour_cells,
+            )
         total, terms = yolo_loss(
             tuple(y),
             outputs,

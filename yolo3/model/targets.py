@@ -12,6 +12,13 @@ later box wins, as in the original's loop.
 With ``iou_thresh`` below 1 (AlexeyAB Darknet's ``[yolo]`` key of that name), a box also
 goes to every other anchor whose centred box has an IoU above it with the box, at that
 anchor's level and in the cell of its centre: several predictions learn each box.
+
+With ``neighbour_cells`` (YOLOv5's rule), a box also goes, with the same anchors, to the two
+cells beside its centre's that lie nearest to the centre: the one left or right of it and
+the one above or below it, where they are in the grid. Their predictions reach the centre
+only with a grid sensitivity of at least 2 (offsets from -0.5 to 1.5 cells). Where entries
+meet at one cell and anchor, a centre's entry wins over a neighbour's, and among equals the
+later box wins.
 """
 
 import tensorflow as tf
@@ -47,7 +54,12 @@ def best_anchor_indices(box_wh, anchors):
     return tf.argmax(anchor_ious(box_wh, anchors), axis=-1, output_type=tf.int32)
 
 
-def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0):
+# The grid sensitivity at which a prediction of a neighbour cell reaches a centre anywhere in
+# its own cell (offsets in (-0.5, 1.5)): what neighbour_cells needs.
+NEIGHBOUR_SCALE_X_Y = 2.0
+
+
+def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0, neighbour_cells=False):
     """Builds the training targets of every output level.
 
     Over 80 lines: the assignment of every box to its anchor and cell as one traced
@@ -63,6 +75,8 @@ def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0):
             the head's (multi-scale training passes each step's own).
         iou_thresh: a box also goes to every anchor whose centred IoU with it is above this
             (1: its best anchor only, YOLOv3's rule).
+        neighbour_cells: a box also goes to the two cells beside its centre's nearest to
+            the centre (see the module docstring).
 
     Returns:
         A tuple with one float32 tensor per level, largest stride first, of shape
@@ -101,29 +115,26 @@ def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0):
         ],
         axis=-1,
     )
-    # later[i, j] is True when box j comes after box i in the same image.
-    index = tf.range(max_boxes)
-    later = index[None, :] > index[:, None]
-
     targets = []
     for level in head.levels():
         mask, stride = level.anchor_indices, level.stride
         grid_h, grid_w = height // stride, width // stride
-        column = tf.clip_by_value(
-            tf.cast(tf.floor(centre[..., 0] / width * grid_w), tf.int32), 0, grid_w - 1
-        )
-        row = tf.clip_by_value(
-            tf.cast(tf.floor(centre[..., 1] / height * grid_h), tf.int32), 0, grid_h - 1
-        )
-        cell = row * grid_w + column
+        rows, columns, entries = _candidate_cells(
+            centre, valid, grid_hw=(grid_h, grid_w), input_hw=(height, width),
+            neighbour_cells=neighbour_cells,
+        )  # fmt: skip
+        cells = rows * grid_w + columns
+        candidates = tf.shape(cells)[1]
+        index = tf.range(candidates)
+        later = index[None, :] > index[:, None]
         indices, updates = [], []
         for slot, anchor in enumerate(mask):
             chosen = tf.equal(best_anchor, anchor)
             if iou_thresh < 1.0:
                 chosen = tf.logical_or(chosen, ious[..., anchor] > iou_thresh)
-            assigned = tf.logical_and(valid, chosen)
-            # Keep only the last box per cell so scatter_nd sees unique indices.
-            collides = tf.logical_and(tf.equal(cell[..., :, None], cell[..., None, :]), later)
+            assigned = tf.logical_and(entries, tf.tile(chosen, [1, candidates // max_boxes]))
+            # Keep only the last entry per cell so scatter_nd sees unique indices.
+            collides = tf.logical_and(tf.equal(cells[..., :, None], cells[..., None, :]), later)
             collides = tf.logical_and(collides, assigned[..., None, :])
             keep = tf.logical_and(assigned, tf.logical_not(tf.reduce_any(collides, axis=-1)))
             kept = tf.where(keep)
@@ -132,14 +143,40 @@ def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0):
                 tf.stack(
                     [
                         image_index,
-                        tf.gather_nd(row, kept),
-                        tf.gather_nd(column, kept),
+                        tf.gather_nd(rows, kept),
+                        tf.gather_nd(columns, kept),
                         tf.fill(tf.shape(image_index), slot),
                     ],
                     axis=-1,
                 )
             )
-            updates.append(tf.gather_nd(values, kept))
+            box_index = tf.stack([kept[:, 0], kept[:, 1] % tf.cast(max_boxes, tf.int64)], -1)
+            updates.append(tf.gather_nd(values, box_index))
         shape = tf.stack([batch_size, grid_h, grid_w, len(mask), 5 + num_classes])
         targets.append(tf.scatter_nd(tf.concat(indices, 0), tf.concat(updates, 0), shape))
     return tuple(targets)
+
+
+def _candidate_cells(centre, valid, *, grid_hw, input_hw, neighbour_cells):
+    """The cells each box may be assigned to on one level's grid: ``(rows, columns,
+    entries)``, each (N, K * max_boxes), box j's k-th candidate at k * max_boxes + j, the
+    centre's cell last (so that, later in the order, it wins a cell over a neighbour's);
+    ``entries`` is False for padding and for a neighbour outside the grid. K is 1, or 3 with
+    ``neighbour_cells`` (the cell beside the centre's in x, then in y)."""
+    grid_h, grid_w = grid_hw
+    x = centre[..., 0] / input_hw[1] * grid_w
+    y = centre[..., 1] / input_hw[0] * grid_h
+    column = tf.clip_by_value(tf.cast(tf.floor(x), tf.int32), 0, grid_w - 1)
+    row = tf.clip_by_value(tf.cast(tf.floor(y), tf.int32), 0, grid_h - 1)
+    if not neighbour_cells:
+        return row, column, valid
+    # The nearer side of the centre's cell: left (-1) when its offset is below a half.
+    step_x = tf.where(x - tf.cast(column, tf.float32) < 0.5, -1, 1)
+    step_y = tf.where(y - tf.cast(row, tf.float32) < 0.5, -1, 1)
+    beside_x, beside_y = column + step_x, row + step_y
+    in_x = tf.logical_and(valid, tf.logical_and(beside_x >= 0, beside_x < grid_w))
+    in_y = tf.logical_and(valid, tf.logical_and(beside_y >= 0, beside_y < grid_h))
+    rows = tf.concat([row, beside_y, row], axis=1)
+    columns = tf.concat([beside_x, column, column], axis=1)
+    entries = tf.concat([in_x, in_y, valid], axis=1)
+    return rows, columns, entries
