@@ -115,26 +115,39 @@ def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0, neighbour_cells
         ],
         axis=-1,
     )
+    # Each box is one entry, or three with neighbour_cells (its neighbours' first, then the
+    # centres': box j's k-th entry at k * max_boxes + j, so a centre wins a shared cell).
+    # later[i, j] is True when entry j comes after entry i in the same image.
+    index = tf.range(3 * max_boxes if neighbour_cells else max_boxes)
+    later = index[None, :] > index[:, None]
+    entry_values = tf.tile(values, [1, 3, 1]) if neighbour_cells else values
+
     targets = []
     for level in head.levels():
         mask, stride = level.anchor_indices, level.stride
         grid_h, grid_w = height // stride, width // stride
-        rows, columns, entries = _candidate_cells(
-            centre, valid, grid_hw=(grid_h, grid_w), input_hw=(height, width),
-            neighbour_cells=neighbour_cells,
-        )  # fmt: skip
-        cells = rows * grid_w + columns
-        candidates = tf.shape(cells)[1]
-        index = tf.range(candidates)
-        later = index[None, :] > index[:, None]
+        column = tf.clip_by_value(
+            tf.cast(tf.floor(centre[..., 0] / width * grid_w), tf.int32), 0, grid_w - 1
+        )
+        row = tf.clip_by_value(
+            tf.cast(tf.floor(centre[..., 1] / height * grid_h), tf.int32), 0, grid_h - 1
+        )
+        entries = valid
+        if neighbour_cells:
+            row, column, entries = _with_neighbours(
+                centre, row, column, valid, grid_hw=(grid_h, grid_w), input_hw=(height, width)
+            )
+        cell = row * grid_w + column
         indices, updates = [], []
         for slot, anchor in enumerate(mask):
             chosen = tf.equal(best_anchor, anchor)
             if iou_thresh < 1.0:
                 chosen = tf.logical_or(chosen, ious[..., anchor] > iou_thresh)
-            assigned = tf.logical_and(entries, tf.tile(chosen, [1, candidates // max_boxes]))
+            if neighbour_cells:
+                chosen = tf.tile(chosen, [1, 3])
+            assigned = tf.logical_and(entries, chosen)
             # Keep only the last entry per cell so scatter_nd sees unique indices.
-            collides = tf.logical_and(tf.equal(cells[..., :, None], cells[..., None, :]), later)
+            collides = tf.logical_and(tf.equal(cell[..., :, None], cell[..., None, :]), later)
             collides = tf.logical_and(collides, assigned[..., None, :])
             keep = tf.logical_and(assigned, tf.logical_not(tf.reduce_any(collides, axis=-1)))
             kept = tf.where(keep)
@@ -143,40 +156,32 @@ def build_targets(boxes, *, head, input_hw=None, iou_thresh=1.0, neighbour_cells
                 tf.stack(
                     [
                         image_index,
-                        tf.gather_nd(rows, kept),
-                        tf.gather_nd(columns, kept),
+                        tf.gather_nd(row, kept),
+                        tf.gather_nd(column, kept),
                         tf.fill(tf.shape(image_index), slot),
                     ],
                     axis=-1,
                 )
             )
-            box_index = tf.stack([kept[:, 0], kept[:, 1] % tf.cast(max_boxes, tf.int64)], -1)
-            updates.append(tf.gather_nd(values, box_index))
+            updates.append(tf.gather_nd(entry_values, kept))
         shape = tf.stack([batch_size, grid_h, grid_w, len(mask), 5 + num_classes])
         targets.append(tf.scatter_nd(tf.concat(indices, 0), tf.concat(updates, 0), shape))
     return tuple(targets)
 
 
-def _candidate_cells(centre, valid, *, grid_hw, input_hw, neighbour_cells):
-    """The cells each box may be assigned to on one level's grid: ``(rows, columns,
-    entries)``, each (N, K * max_boxes), box j's k-th candidate at k * max_boxes + j, the
-    centre's cell last (so that, later in the order, it wins a cell over a neighbour's);
-    ``entries`` is False for padding and for a neighbour outside the grid. K is 1, or 3 with
-    ``neighbour_cells`` (the cell beside the centre's in x, then in y)."""
+def _with_neighbours(centre, row, column, valid, *, grid_hw, input_hw):
+    """Each box's entries on one level's grid with its two neighbour cells: ``(rows,
+    columns, entries)``, each (N, 3 * max_boxes): the cell beside the centre's in x, then in
+    y, then the centre's own (``row``, ``column``); ``entries`` is False for padding and for
+    a neighbour outside the grid."""
     grid_h, grid_w = grid_hw
     x = centre[..., 0] / input_hw[1] * grid_w
     y = centre[..., 1] / input_hw[0] * grid_h
-    column = tf.clip_by_value(tf.cast(tf.floor(x), tf.int32), 0, grid_w - 1)
-    row = tf.clip_by_value(tf.cast(tf.floor(y), tf.int32), 0, grid_h - 1)
-    if not neighbour_cells:
-        return row, column, valid
     # The nearer side of the centre's cell: left (-1) when its offset is below a half.
-    step_x = tf.where(x - tf.cast(column, tf.float32) < 0.5, -1, 1)
-    step_y = tf.where(y - tf.cast(row, tf.float32) < 0.5, -1, 1)
-    beside_x, beside_y = column + step_x, row + step_y
+    beside_x = column + tf.where(x - tf.cast(column, tf.float32) < 0.5, -1, 1)
+    beside_y = row + tf.where(y - tf.cast(row, tf.float32) < 0.5, -1, 1)
     in_x = tf.logical_and(valid, tf.logical_and(beside_x >= 0, beside_x < grid_w))
     in_y = tf.logical_and(valid, tf.logical_and(beside_y >= 0, beside_y < grid_h))
     rows = tf.concat([row, beside_y, row], axis=1)
     columns = tf.concat([beside_x, column, column], axis=1)
-    entries = tf.concat([in_x, in_y, valid], axis=1)
-    return rows, columns, entries
+    return rows, columns, tf.concat([in_x, in_y, valid], axis=1)
