@@ -77,7 +77,7 @@ def _machine(result):
 def load_results(data_dir):
     """``{kind: [(path, result)]}`` of the benchmark JSON files in ``data_dir``, told apart by
     their contents."""
-    found = {"scaling": [], "detect": [], "prediction": [], "accuracy": []}
+    found = {"scaling": [], "detect": [], "prediction": [], "accuracy": [], "matrix": []}
     for path in sorted(Path(data_dir).glob("*.json")):
         result = json.loads(path.read_text(encoding="utf-8"))
         if "communication" in result:
@@ -88,6 +88,8 @@ def load_results(data_dir):
             found["prediction"].append((path, result))
         elif "target" in result:
             found["accuracy"].append((path, result))
+        elif "cells" in result:
+            found["matrix"].append((path, result))
     return found
 
 
@@ -230,6 +232,41 @@ def accuracy_figure(results):
     return _svg(figure)
 
 
+MATRIX_SIDES = {
+    "ours": ("yolo3 train (the recipe)", "-"),
+    "peer": ("Ultralytics YOLOv3-tiny", "--"),
+}
+
+
+def matrix_figure(results):
+    """COCO AP against input size: one line per side and training-set size (the mean over
+    the seeds, half their range as the error bar), at equal epochs; one panel per file."""
+    figure, all_axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for axes, (_, result) in zip(all_axes.flat, results):
+        counts = sorted({row["train_images"] for row in result["cells"]})
+        for side, (label, style) in MATRIX_SIDES.items():
+            for index, count in enumerate(counts):
+                rows = sorted(
+                    (row for row in result["cells"]
+                     if row["side"] == side and row["train_images"] == count),
+                    key=lambda row: row["input_size"],
+                )  # fmt: skip
+                if not rows:
+                    continue
+                axes.errorbar(
+                    [row["input_size"] for row in rows], [row["AP"] for row in rows],
+                    yerr=[row["AP_half_range"] for row in rows], linestyle=style, marker="o",
+                    markersize=4, capsize=3, color=f"C{index}",
+                    label=f"{label}, {count:,} images",
+                )  # fmt: skip
+        epochs = result["config"]["epochs"]
+        axes.set_xlabel("input size (px; the images made at that size)")
+        axes.set_ylabel("COCO AP@[.5:.95], original validation images")
+        axes.set_title(f"{epochs} epochs each, batch 16, one core a run", fontsize=10)
+        axes.legend(fontsize=7)
+    return _svg(figure)
+
+
 def draw_all(data_dir=HERE / "data"):
     """Every plot whose JSON is in ``data_dir``, as :class:`Figure` objects."""
     found = load_results(data_dir)
@@ -239,6 +276,7 @@ def draw_all(data_dir=HERE / "data"):
         ("detect", "Latency by engine", detect_figure),
         ("prediction", "Predicted efficiency at 16 to 256 workers", prediction_figure),
         ("accuracy", "Time to accuracy by setting", accuracy_figure),
+        ("matrix", "The recipe against Ultralytics' YOLOv3-tiny by input size", matrix_figure),
     ):
         results = found[kind]
         if not results:
