@@ -167,15 +167,18 @@ def check_num_classes(path, num_classes, source=None, metadata=None):
         )
 
 
-def implied_head(head, path, given=()):
+def implied_head(head, path, given=(), metadata=None):
     """``head`` as the weights in ``path`` mean it where their file says more than its
     metadata: a Keras 2 file of the original keras-yolo3 (which records none) implies that
     project's anchor masks (its tiny-YOLOv3's differ from Darknet's, see
     :mod:`yolo3.checkpoint.legacy`), unless ``given`` (the head fields a flag set) names them.
+    ``metadata``: the file's, where the caller has read it (:func:`stored_metadata`).
     """
     if "anchor_masks" in given or not path.endswith(".h5") or not os.path.exists(path):
         return head
-    if stored_metadata(path) or not is_keras2_file(path):
+    if metadata is None:
+        metadata = stored_metadata(path)
+    if metadata or not is_keras2_file(path):
         return head
     from yolo3.checkpoint.legacy import ORIGINAL_ANCHOR_MASKS  # noqa: PLC0415
 

@@ -201,7 +201,7 @@ def _export_head(args):
         input_hw=input_size,
         **given,
     )
-    return yolo_weights.implied_head(head, source, given)
+    return yolo_weights.implied_head(head, source, given, metadata)
 
 
 def _to_darknet(args):

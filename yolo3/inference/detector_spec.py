@@ -129,7 +129,7 @@ def spec_for_weights(
         weights_io.check_model_type(given["model_type"], weights_path, stored.metadata)
     head = HeadSpec.from_metadata(stored.metadata, source=f"weights {weights_path}", **fields)
     return DetectorSpec(
-        weights_io.implied_head(head, weights_path, given),
+        weights_io.implied_head(head, weights_path, given, stored.metadata),
         resampling=resampling or weights_io.stored_resampling(weights_path, stored.metadata),
         score_threshold=score_threshold,
         iou_threshold=iou_threshold,
