@@ -131,8 +131,16 @@ def plan(config, results):
                         "no peer run of it yet; add --sides peer"
                     )
                 jobs.append((cell, side, seed))
-    # An equal-time run starts after its peer's: it goes last.
+    # An equal-time run is timed by its peer's: it goes last (run_matrix: a phase of its own).
     return sorted(jobs, key=lambda job: job[1] == "ours-at-peer-time")
+
+
+def phases(jobs):
+    """``jobs`` (:func:`plan`'s) in the phases they run in, one after the other: an
+    equal-time run is timed by its peer's, so every other run ends before the first starts
+    (in one pass, a free core could start one while its peer still trains on another)."""
+    timed = [job for job in jobs if job[1] == "ours-at-peer-time"]
+    return [[job for job in jobs if job not in timed], timed]
 
 
 def run_matrix(config, command=None, log=print):
@@ -194,7 +202,8 @@ def run_matrix(config, command=None, log=print):
             + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
             + f"; {epochs} epochs in {seconds:.0f} s")  # fmt: skip
 
-    side_by_side(jobs, config.cores, start, finish)
+    for phase in phases(jobs):
+        side_by_side(phase, config.cores, start, finish)
     return summarize(config, results, command)
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.matrix import MatrixConfig, Results, format_matrix, plan, summarize
+from benchmarks.matrix import MatrixConfig, Results, format_matrix, phases, plan, summarize
 
 
 def figures(ap, seconds, epochs=6):
@@ -30,6 +30,10 @@ def test_plan_runs_cheapest_cells_first_and_equal_time_runs_last(tmp_path):
     assert order == [(96, 1000), (96, 4000), (192, 1000), (192, 4000)]
     assert all(side == "ours-at-peer-time" for _, side, _ in jobs[16:])
     assert len(jobs) == 4 * 3 * 2
+    # The equal-time runs start only once every peer run has ended: a phase of their own.
+    first, timed = phases(jobs)
+    assert {side for _, side, _ in first} == {"ours", "peer"} and len(first) == 16
+    assert timed == jobs[16:]
 
 
 def test_results_are_kept_and_only_missing_runs_are_planned(tmp_path):
