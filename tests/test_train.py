@@ -135,11 +135,11 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
 
 
 @pytest.mark.slow
-def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
+def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path, capsys):
     records, anchors = record_set
     initial = str(tmp_path / "init.weights.h5")
-    # Weights trained with grid sensitivity: fine-tuning them keeps it.
-    save_weights(_body(), initial, {"scale_x_y": [1.2, 1.3]})
+    # Weights trained with grid sensitivity for the data's 2 classes: fine-tuning them keeps it.
+    save_weights(_body(), initial, {"scale_x_y": [1.2, 1.3], "num_classes": 2})
     code = train.main(
         train_args(
             records, tmp_path / "run", anchors,
@@ -148,6 +148,9 @@ def test_freeze_then_unfreeze_changes_which_weights_move(record_set, tmp_path):
         )
     )  # fmt: skip
     assert code == 0
+    assert (
+        f"--weights {initial}: its heads fit the 2 classes; fine-tuning" in capsys.readouterr().out
+    )
     last = read_metadata(str(tmp_path / "run/checkpoints/last.weights.h5"))
     assert last["scale_x_y"] == [1.2, 1.3]
     start = _arrays(initial)
@@ -421,20 +424,42 @@ def test_close_mosaic_turns_mosaics_off_for_the_last_epochs_of_the_run_or_its_pl
 
 
 def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, tmp_path):
+    from yolo3.engine.builders import RunData, recipe_for
     from yolo3.engine.config import RECIPES, TrainConfig
     from yolo3.engine.trainer import scaled_learning_rate
 
     scratch = TrainConfig(records="r", log_dir="l")
-    assert scratch.recipe == "scratch" and (scratch.lr, scratch.ignore_thresh) == (3.2e-2, 0.5)
-    assert scratch.scale_x_y == "1.1"
+    assert (scratch.lr, scratch.ignore_thresh, scratch.scale_x_y) == (3.2e-2, 0.5, "1.1")
     # The demo's peak: 8e-3 at its global batch of 16.
     assert scaled_learning_rate(scratch.lr, 16, scratch.lr_reference_batch) == pytest.approx(8e-3)
-    tuned = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
-    assert tuned.recipe == "fine-tune" and (tuned.lr, tuned.ignore_thresh) == (1e-3, 0.7)
-    assert tuned.scale_x_y is None  # the weights' own (test_freeze_then_unfreeze_...)
+    # With --weights, the defaults wait for the weights' metadata: their heads fit the data's
+    # 4 classes (fine-tuning), or do not (COCO's 80: the heads start anew, as from scratch).
+    weighted = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
+    assert (weighted.lr, weighted.ignore_thresh, weighted.scale_x_y) == (None, None, None)
+    anchors = np.ones((6, 2), np.float32)
+    four = types.SimpleNamespace(classes=("a", "b", "c", "d"))
+    masks = [[3, 4, 5], [0, 1, 2]]
+
+    def recipe(metadata):
+        data = RunData(four, None, anchors, metadata)
+        name, line = recipe_for(weighted, data)
+        return name, weighted.with_recipe(name), line
+
+    name, tuned, line = recipe({"num_classes": 4, "anchor_masks": masks})
+    assert name == "fine-tune" and "heads fit the 4 classes" in line
+    assert (tuned.lr, tuned.ignore_thresh, tuned.scale_x_y) == (1e-3, 0.7, None)  # the file's
     assert RECIPES["fine-tune"]["ignore_thresh"] == 0.7  # Darknet's
+    name, fresh, line = recipe({"num_classes": 80, "anchor_masks": masks})
+    assert name == "new-heads" and "(80 classes) do not fit the 4 classes" in line
+    assert (fresh.lr, fresh.ignore_thresh, fresh.scale_x_y) == (3.2e-2, 0.5, "1.1")
+    name, fresh, _ = recipe({"num_classes": 4, "anchor_masks": [[1, 2], [0, 3]]})
+    assert name == "new-heads"  # 2 anchors a head against the run's 3: other channels
+    name, unknown, line = recipe({})  # a Keras 2 file: as before, the fine-tuning defaults
+    assert name == "fine-tune" and "records no class count" in line
+    assert recipe_for(scratch, RunData(four, None, anchors)) == ("scratch", None)
     given = TrainConfig(records="r", log_dir="l", weights="w", lr=5e-4, ignore_thresh=0.6)
-    assert (given.lr, given.ignore_thresh) == (5e-4, 0.6)
+    given = given.with_recipe("new-heads")
+    assert (given.lr, given.ignore_thresh, given.scale_x_y) == (5e-4, 0.6, "1.1")
     # From the command line, and config.json records the values used.
     records, anchors = record_set
     args = ["--records", str(records), "--log-dir", str(tmp_path), "--anchors", str(anchors)]

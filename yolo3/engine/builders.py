@@ -32,6 +32,7 @@ from yolo3.engine.trainer import (
 from yolo3.model.head import HEAD_FLAG_FIELDS, HeadSpec, flags_given, head_from_flags
 from yolo3.model.network import build_head_model
 from yolo3.model.resources import (
+    DEFAULT_ANCHOR_MASKS,
     model_type_for_anchors,
     read_anchors,
     shipped_anchors,
@@ -189,6 +190,47 @@ def read_data(config):
     )
     faults.check_record_sets(data.record_sets, since="it was written")
     return data
+
+
+def recipe_for(config, data):
+    """The :data:`yolo3.engine.config.RECIPES` entry whose values ``config``'s unset settings
+    take, and the line that says why (None from scratch).
+
+    ``"fine-tune"`` where the heads of ``--weights`` fit the data (the class count and the
+    anchors per head the file records are the run's, so every layer loads), ``"new-heads"``
+    where they do not (the backbone loads, the heads start anew, as from scratch), and
+    ``"fine-tune"`` for a file that records no class count (a Keras 2 file, a ``.keras``
+    archive), as before the weights said.
+    """
+    if not config.weights:
+        return "scratch", None
+    metadata = data.weights_metadata
+    stored_classes = metadata.get("num_classes") or len(metadata.get("classes") or ())
+    if not isinstance(stored_classes, int) or stored_classes < 1:
+        return "fine-tune", (
+            f"--weights {config.weights} records no class count: the fine-tuning defaults "
+            "apply (set --lr, --ignore-thresh and --scale-x-y to choose others)"
+        )
+    stored_masks = metadata.get("anchor_masks")
+    masks_now = DEFAULT_ANCHOR_MASKS.get(len(data.anchors))
+    same_per_head = True  # what the file does not record, it is not compared on
+    if isinstance(stored_masks, list) and stored_masks and isinstance(stored_masks[0], list):
+        same_per_head = masks_now is None or len(stored_masks[0]) == len(masks_now[0])
+    classes = plural(len(data.classes), "class", "classes")
+    if stored_classes == len(data.classes) and same_per_head:
+        return "fine-tune", f"--weights {config.weights}: its heads fit the {classes}; fine-tuning"
+    return "new-heads", (
+        f"--weights {config.weights}: its heads ({plural(stored_classes, 'class', 'classes')}) do "
+        f"not fit the {classes}: they start anew, with the defaults from scratch"
+    )
+
+
+def with_recipe(config, data, log):
+    """``config`` with its unset settings given the values of :func:`recipe_for`'s entry."""
+    name, line = recipe_for(config, data)
+    if line:
+        log(line)
+    return config.with_recipe(name)
 
 
 def _head_settings(config):

@@ -42,18 +42,25 @@ GROUPS = {
 }
 
 
-# The settings that differ between a run from scratch and one fine-tuning --weights, the
-# defaults of yolo3 train by whether --weights is given. From scratch: the demo's, 8e-3 per
+# The settings that differ between a run from scratch and one fine-tuning --weights: the
+# defaults of yolo3 train by where its weights start. From scratch: the demo's, 8e-3 per
 # 16 images with Adam, and an ignore threshold of .5, which scored mAP@0.5 0.927 and 0.935
 # on its task against 0.894 and 0.902 for Darknet's .7 (seeds 0 and 1, YOLOv3's loss).
-# Fine-tuning: Darknet's .7 and the original keras-yolo3's 1e-3.
 # Grid sensitivity from scratch: 1.1 raised COCO AP from 0.637 to 0.651 there (2 seeds;
-# 2 gave 0.633). Fine-tuning leaves it None: the weights decode as they were trained (what
-# their file records, else YOLOv3's 1; yolo3.engine.builders).
+# 2 gave 0.633).
+# Fine-tuning weights whose heads fit the data (its class count and anchors per head):
+# Darknet's .7 and the original keras-yolo3's 1e-3, and the grid sensitivity left None: the
+# weights decode as they were trained (what their file records, else YOLOv3's 1;
+# yolo3.engine.builders).
+# --weights whose heads do not fit (COCO's 80 classes for a data set's 4): the backbone
+# loads, the heads start anew, and the values from scratch serve them: from the yolov3-tiny
+# COCO weights on the demo's task, 3 epochs, COCO AP 0.540 against 0.363 with the
+# fine-tuning values (2 seeds each; docs/benchmarks.md, "Fine-tuning from the COCO weights").
 RECIPES = {
     "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5, "scale_x_y": "1.1"},
     "fine-tune": {"lr": 1e-3, "ignore_thresh": IGNORE_THRESH, "scale_x_y": None},
 }
+RECIPES["new-heads"] = RECIPES["scratch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +133,8 @@ class TrainConfig:
         None,
         group="model",
         help="IoU above which a prediction is not penalised as background (default: "
-        f"{RECIPES['scratch']['ignore_thresh']} from scratch, Darknet's "
-        f"{RECIPES['fine-tune']['ignore_thresh']} with --weights)",
+        f"{RECIPES['scratch']['ignore_thresh']} from scratch or where the heads of --weights "
+        f"do not fit the data, Darknet's {RECIPES['fine-tune']['ignore_thresh']} where they do)",
     )
     iou_thresh: float = setting(
         IOU_THRESH,
@@ -152,8 +159,9 @@ class TrainConfig:
         metavar="S",
         help="grid sensitivity: a centre's offset in its cell is sigmoid(t) S - (S - 1) / 2, "
         "one value or one per head, largest stride first (AlexeyAB Darknet's scale_x_y; 1 is "
-        f"YOLOv3's). Default: {RECIPES['scratch']['scale_x_y']} from scratch; with --weights, "
-        "what the weights file records, else 1. Checkpoints record it; detection follows",
+        f"YOLOv3's). Default: {RECIPES['scratch']['scale_x_y']} from scratch or where the heads "
+        "of --weights do not fit the data; where they do, what the weights file records, else "
+        "1. Checkpoints record it; detection follows",
     )
     # The loss's terms, named as AlexeyAB Darknet's [yolo] keys (yolo3.model.loss).
     iou_loss: str = setting(
@@ -179,8 +187,8 @@ class TrainConfig:
         None,
         group="schedule",
         help="learning rate for a global batch of --lr-reference-batch (default: "
-        f"{RECIPES['scratch']['lr']:g} from scratch, {RECIPES['fine-tune']['lr']:g} with "
-        "--weights)",
+        f"{RECIPES['scratch']['lr']:g} from scratch or where the heads of --weights do not fit "
+        f"the data, {RECIPES['fine-tune']['lr']:g} where they do)",
     )
     lr_reference_batch: int = setting(64, group="schedule")
     lr_schedule: str = setting("cosine", group="schedule", choices=("cosine", "constant"))
@@ -441,22 +449,24 @@ class TrainConfig:
         "$MLFLOW_EXPERIMENT_NAME, else MLflow's Default)",
     )
 
-    @property
-    def recipe(self):
-        """``"fine-tune"`` with ``--weights``, else ``"scratch"``: the :data:`RECIPES` entry
-        whose values the settings left unset take."""
-        return "fine-tune" if self.weights else "scratch"
+    def with_recipe(self, name):
+        """A copy whose settings left unset take the values of ``RECIPES[name]``:
+        ``"scratch"``, ``"fine-tune"`` or ``"new-heads"`` (:func:`yolo3.engine.builders.recipe_for`
+        chooses by whether the heads of ``--weights`` fit the data)."""
+        unset = {key: value for key, value in RECIPES[name].items() if getattr(self, key) is None}
+        return dataclasses.replace(self, **unset)
 
     def __post_init__(self):
-        for name, value in RECIPES[self.recipe].items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+        if not self.weights:  # from scratch; with --weights, once the weights are read
+            for name, value in RECIPES["scratch"].items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, value)
         flags.check_choices(self)
         checks = [
             (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
             (self.epochs >= 1, "--epochs must be >= 1"),
             (self.batch_size >= 1, "--batch-size must be >= 1"),
-            (self.lr > 0, "--lr must be > 0"),
+            (self.lr is None or self.lr > 0, "--lr must be > 0"),
             (self.time is None or self.time > 0, "--time must be > 0 minutes"),
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),

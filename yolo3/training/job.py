@@ -102,7 +102,10 @@ def _run(config, *, log, started=None):
     started = time.perf_counter() if started is None else started
     keras.utils.set_random_seed(config.seed)
     strategy, info = builders.build_strategy(config)
-    setup = builders.resolve_setup(config, strategy, info, builders.read_data(config))
+    data = builders.read_data(config)
+    # With --weights, the defaults follow whether their heads fit the data.
+    config = builders.with_recipe(config, data, log)
+    setup = builders.resolve_setup(config, strategy, info, data)
     if config.resume:
         saved = resume.read_saved(config.log_dir)
         resume.check_resumed(saved, dataclasses.asdict(config), setup.resolved, log=log)
