@@ -3,7 +3,8 @@
 Everything per image runs in TensorFlow ops inside ``tf.data`` (parse, decode, flip, pad,
 batch, target building), so no Python runs per image and the pipeline scales with
 ``num_parallel_calls``. The expensive augmentation (scale, crop, colour) happened offline
-in ``yolo3 preprocess``; only the horizontal flip, which costs nothing, is done here.
+in ``yolo3 preprocess``; here only the horizontal flip, which costs nothing, and what
+:mod:`yolo3.data.online` is asked for (a milder scale, shift and colour change).
 
 Elements of :func:`make_dataset` and :func:`synthetic_dataset`:
     ``(images, targets)``, or ``(images, targets, boxes)`` with ``with_boxes=True``, or
@@ -36,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from yolo3.data import autotune, records, shard_check
+from yolo3.data import online as online_augment
 from yolo3.model.targets import build_targets
 
 logger = logging.getLogger(__name__)
@@ -211,16 +213,20 @@ def _decode_record(serialized, image_format, input_hw):
     return image, tf.boolean_mask(boxes, tf.logical_not(example["difficult"]))
 
 
-def _decode_flip_and_pad(dataset, *, image_format, input_hw, flip, seed, max_boxes, deterministic):
+def _decode_flip_and_pad(
+    dataset, *, image_format, input_hw, flip, seed, max_boxes, deterministic, online=None
+):
     """Serialized records -> ``(image, boxes)`` with (max_boxes, 5) boxes, each image flipped
-    with probability ``flip``."""
+    with probability ``flip`` and through ``online`` (:class:`yolo3.data.online.OnlineAugment`)
+    when it changes anything."""
 
     def decode_flip_and_pad(index, serialized):
         image, boxes = _decode_record(serialized, image_format, input_hw)
+        image_seed = tf.stack([tf.constant(seed, tf.int64), index])
         if flip > 0:
-            image, boxes = random_flip(
-                image, boxes, tf.stack([tf.constant(seed, tf.int64), index]), flip
-            )
+            image, boxes = random_flip(image, boxes, image_seed, flip)
+        if online:
+            image, boxes = online_augment.augment(image, boxes, image_seed, online)
         return image, pad_boxes(boxes, max_boxes)
 
     # The counter makes each image's flip draw depend on (seed, position), not on threads.
@@ -274,6 +280,7 @@ def make_dataset(
     deterministic=None,
     pass_batches=None,
     mosaic=None,
+    online=None,
 ):
     """Batches of images and per-level targets read from a record set.
 
@@ -312,6 +319,8 @@ def make_dataset(
             records (``yolo3 preprocess --mosaic``) are skipped (``--close-mosaic``). The
             filter follows the shuffle, so a change reaches the batches after the few that
             are already prefetched. None: every record.
+        online: a :class:`yolo3.data.online.OnlineAugment` applied to each image after the
+            flip when training (scale, shift, colour); None or its defaults: none.
 
     Returns:
         A ``tf.data.Dataset`` of the elements described in the module docstring.
@@ -359,6 +368,7 @@ def make_dataset(
         seed=seed,
         max_boxes=max_boxes,
         deterministic=deterministic,
+        online=online if training else None,
     )
     if pass_batches is not None:
         here = _records_of_this_pipeline(record_set, split, input_context)

@@ -509,6 +509,7 @@ def train_records(config, data, context=None, mosaic=None):
         input_context=context,
         targets=False,  # built in the train step, on the accelerator
         mosaic=mosaic,
+        online=config.online_augment(),
     )
 
 

@@ -18,6 +18,7 @@ from yolo3.comm.allreduce import ALLREDUCE_DTYPES
 from yolo3.comm.local_steps import DEFAULT_MERGE, MERGES
 from yolo3.comm.powersgd import COMPRESSIONS
 from yolo3.comm.schemes import CommunicationFlags, communication_from
+from yolo3.data.online import OnlineAugment
 from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOICES
 from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
@@ -61,6 +62,14 @@ RECIPES = {
     "fine-tune": {"lr": 1e-3, "ignore_thresh": IGNORE_THRESH, "scale_x_y": None},
 }
 RECIPES["new-heads"] = RECIPES["scratch"]
+# The online augmentation's settings (yolo3.data.online.OnlineAugment) and their fields here.
+ONLINE_FIELDS = {
+    "scale": "scale_jitter",
+    "translate": "translate",
+    "hue": "hue",
+    "saturation": "saturation",
+    "value": "value",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +92,31 @@ class TrainConfig:
         None, group="data", help="validation record set (default: --records' val)"
     )
     flip: float = setting(0.5, group="data", help="online horizontal-flip probability")
+    # Online scale, shift and colour (yolo3.data.online); off by default.
+    scale_jitter: float = setting(
+        0.0,
+        group="data",
+        metavar="S",
+        help="each training image scaled by a factor in [1 - S, 1 + S] about its centre, with "
+        "its boxes, every time it is read (0: off)",
+    )
+    translate: float = setting(
+        0.0,
+        group="data",
+        metavar="T",
+        help="each training image shifted by up to T of its width and height (0: off)",
+    )
+    hue: float = setting(
+        0.0, group="data", help="online hue shift, as yolo3 preprocess --hue (0: off)"
+    )
+    saturation: float = setting(
+        1.0,
+        group="data",
+        help="online saturation factor, as yolo3 preprocess --saturation (1: off)",
+    )
+    value: float = setting(
+        1.0, group="data", help="online value factor, as yolo3 preprocess --value (1: off)"
+    )
     shuffle_buffer: int = setting(1024, group="data")
     close_mosaic: int = setting(
         0,
@@ -470,6 +504,10 @@ class TrainConfig:
             (self.time is None or self.time > 0, "--time must be > 0 minutes"),
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            *(
+                (False, f"--{ONLINE_FIELDS[field].replace('_', '-')} {rule}")
+                for field, rule in self.online_augment().problems()
+            ),
             (self.close_mosaic >= 0, "--close-mosaic must be >= 0 epochs"),
             (
                 self.map_every is None or self.map_every >= 0,
@@ -513,6 +551,10 @@ class TrainConfig:
         (:func:`yolo3.engine.averaging.check` checks them)."""
         averaging.check(self.ema, self.ema_warmup)
         return (self.ema, self.ema_warmup) if self.ema else None
+
+    def online_augment(self):
+        """The :class:`yolo3.data.online.OnlineAugment` of the online-augmentation flags."""
+        return OnlineAugment(**{key: getattr(self, field) for key, field in ONLINE_FIELDS.items()})
 
     def loss_options(self):
         """The loss's :class:`yolo3.model.loss.LossOptions` (which checks them)."""
