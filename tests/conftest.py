@@ -66,10 +66,12 @@ FIRST = ("test_eight_workers.py",)
 # first: the longest work is handed out while there is other work to balance it, and the two
 # test processes end close together. By test count alone these files, of a few long tests
 # each, came last, where one process could still be running one of them (test_learning.py's
-# one test: 114 s) with nothing left for the other. The seconds: their slowest tests' calls
-# in the --durations of the last full run on 2 cores (the order is all they are used for).
-# tests/test_slurm.py (105 s) keeps its place by count: its cluster starts well after the
-# eight-worker Slurm step has ended.
+# one test: 114 s) with nothing left for the other. The seconds (used for the order alone):
+# their slowest tests' calls in the --durations of the last full run on 2 cores; for the
+# files none of whose tests was among its 25 slowest (from test_accumulate.py on), their
+# tests measured alone with the machine's 2 cores busy with other runs, scaled by 0.65 to
+# the full run's pace. tests/test_slurm.py (105 s) keeps its place by count: its cluster
+# then starts well after the eight-worker Slurm step has ended.
 LONG = {
     "test_train_distributed.py": 129,
     "test_combinations.py": 117,
@@ -85,6 +87,13 @@ LONG = {
     "test_remat.py": 36,
     "test_resume.py": 34,
     "test_dense_steps.py": 29,
+    "test_accumulate.py": 150,
+    "test_sharding.py": 61,
+    "test_faults.py": 51,
+    "test_notebook.py": 36,
+    "test_malloc.py": 30,
+    "test_soak.py": 21,
+    "test_progress.py": 17,
 }
 
 
