@@ -313,12 +313,26 @@ def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tm
         (("--scale-x-y", "1,1,1"), "--scale-x-y 1,1,1: give one value, or one per head (2 here"),
         (("--neighbour-cells", "on"), "--neighbour-cells on: a neighbour cell's prediction"),
         (("--neighbour-cells", "yes"), "--neighbour-cells: 'yes': use on or off"),
+        (("--bn-momentum", "1"), "--bn-momentum must be in [0, 1)"),
+        (("--scale-jitter", "1"), "--scale-jitter must be in [0, 1)"),
     ],
 )
 def test_communication_flags_reject_bad_values(record_set, tmp_path, capsys, flags, named):
     records, anchors = record_set
     assert train.main(train_args(records, tmp_path, anchors, *flags)) == 2
     assert named in capsys.readouterr().err
+
+
+def test_bn_momentum_reaches_every_batch_norm_of_both_models():
+    from yolo3.model.network import yolo_body
+
+    for build in (tiny_yolo_body, yolo_body):
+        body = build(None, 3, 2, input_shape=(32, 32, 3), bn_momentum=0.9)
+        momenta = {layer.momentum for layer in body.layers if hasattr(layer, "moving_mean")}
+        assert momenta == {0.9}
+    default = tiny_yolo_body(None, 3, 2, input_shape=(32, 32, 3))
+    assert {layer.momentum for layer in default.layers if hasattr(layer, "moving_mean")} == {0.97}
+    assert training.TrainConfig(records="r", log_dir="l").bn_momentum == 0.97
 
 
 def test_a_run_without_anchors_takes_the_shipped_ones_of_its_model_type():

@@ -338,6 +338,7 @@ def build_trainer(config, setup, strategy, log):
             input_size=(None, None) if setup.scales else None,  # multi-scale: any size
             weight_decay=config.weight_decay,
             synchronized_bn=setup.sync_bn,
+            bn_momentum=config.bn_momentum,
         )
         # After the model is built: the line gives the bytes of its all-reduce.
         log(_describe(config, setup, body))

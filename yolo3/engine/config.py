@@ -24,7 +24,7 @@ from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.flags import flag_of, setting  # noqa: F401 - flag_of: callers read it from here
 from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
-from yolo3.model.network import MODEL_TYPES
+from yolo3.model.network import BN_MOMENTUM, MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.model.resources import parse_scale_x_y
 from yolo3.model.targets import IOU_THRESH
@@ -163,6 +163,12 @@ class TrainConfig:
         help="1: freeze the backbone, 2: all but the heads, for --freeze-epochs",
     )
     freeze_epochs: int = setting(0, group="model")
+    bn_momentum: float = setting(
+        BN_MOMENTUM,
+        group="model",
+        help="the share of each batch-norm moving statistic kept at every training step "
+        "(Keras's and Darknet's is .99, which lags the weights in runs of few steps)",
+    )
     ignore_thresh: float | None = setting(
         None,
         group="model",
@@ -504,6 +510,7 @@ class TrainConfig:
             (self.time is None or self.time > 0, "--time must be > 0 minutes"),
             (0.0 < self.iou_thresh <= 1.0, "--iou-thresh must be in (0, 1] (1: off)"),
             (0.0 <= self.flip <= 1.0, "--flip must be a probability in [0, 1]"),
+            (0.0 <= self.bn_momentum < 1.0, "--bn-momentum must be in [0, 1)"),
             *(
                 (False, f"--{ONLINE_FIELDS[field].replace('_', '-')} {rule}")
                 for field, rule in self.online_augment().problems()
