@@ -60,41 +60,8 @@ def strategy(four_replicas):
 # holds several GB (8.4 GB in one run), and with the eight processes beside it the kernel
 # ended it for want of memory on a 24 GiB machine. ``--dist loadfile`` hands files to the
 # test processes in the order collected once pytest-xdist's own reordering (the files with
-# most tests first) is off.
+# most tests first) is off; the order below keeps that rule after the first files.
 FIRST = ("test_eight_workers.py",)
-# Then the files of long tests, longest first, and the rest by how many tests they hold, most
-# first: the longest work is handed out while there is other work to balance it, and the two
-# test processes end close together. By test count alone these files, of a few long tests
-# each, came last, where one process could still be running one of them (test_learning.py's
-# one test: 114 s) with nothing left for the other. The seconds (used for the order alone):
-# their slowest tests' calls in the --durations of the last full run on 2 cores; for the
-# files none of whose tests was among its 25 slowest (from test_accumulate.py on), their
-# tests measured alone with the machine's 2 cores busy with other runs, scaled by 0.65 to
-# the full run's pace. tests/test_slurm.py (105 s) keeps its place by count: its cluster
-# then starts well after the eight-worker Slurm step has ended.
-LONG = {
-    "test_train_distributed.py": 129,
-    "test_combinations.py": 117,
-    "test_learning.py": 114,
-    "test_benchmark.py": 114,
-    "test_local_steps.py": 97,
-    "test_compression.py": 72,
-    "test_kills.py": 69,
-    "test_sync_bn.py": 63,
-    "test_distribute.py": 60,
-    "test_xla.py": 59,
-    "test_multiscale.py": 46,
-    "test_remat.py": 36,
-    "test_resume.py": 34,
-    "test_dense_steps.py": 29,
-    "test_accumulate.py": 150,
-    "test_sharding.py": 61,
-    "test_faults.py": 51,
-    "test_notebook.py": 36,
-    "test_malloc.py": 30,
-    "test_soak.py": 21,
-    "test_progress.py": 17,
-}
 
 
 def pytest_configure(config):
@@ -104,10 +71,4 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     tests_in_file = collections.Counter(item.path for item in items)
-    items.sort(
-        key=lambda item: (
-            item.path.name not in FIRST,
-            -LONG.get(item.path.name, 0),
-            -tests_in_file[item.path],
-        )
-    )
+    items.sort(key=lambda item: (item.path.name not in FIRST, -tests_in_file[item.path]))
