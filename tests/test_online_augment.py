@@ -106,9 +106,9 @@ def test_the_pipeline_applies_it_by_seed(record_set):
     ("flags", "message"),
     [
         ({"scale_jitter": 1.0}, "--scale-jitter must be in [0, 1)"),
-        ({"translate": -0.1}, "--translate must be in [0, 1)"),
-        ({"hue": 0.6}, "--hue must be in [0, 0.5]"),
-        ({"saturation": 0.5}, "--saturation must be >= 1 (1: off)"),
+        ({"translate_jitter": -0.1}, "--translate-jitter must be in [0, 1)"),
+        ({"hue_jitter": 0.6}, "--hue-jitter must be in [0, 0.5]"),
+        ({"saturation_jitter": 0.5}, "--saturation-jitter must be >= 1 (1: off)"),
     ],
 )
 def test_out_of_range_flags_are_named(flags, message):

@@ -65,10 +65,10 @@ RECIPES["new-heads"] = RECIPES["scratch"]
 # The online augmentation's settings (yolo3.data.online.OnlineAugment) and their fields here.
 ONLINE_FIELDS = {
     "scale": "scale_jitter",
-    "translate": "translate",
-    "hue": "hue",
-    "saturation": "saturation",
-    "value": "value",
+    "translate": "translate_jitter",
+    "hue": "hue_jitter",
+    "saturation": "saturation_jitter",
+    "value": "value_jitter",
 }
 
 
@@ -92,7 +92,8 @@ class TrainConfig:
         None, group="data", help="validation record set (default: --records' val)"
     )
     flip: float = setting(0.5, group="data", help="online horizontal-flip probability")
-    # Online scale, shift and colour (yolo3.data.online); off by default.
+    # Online scale, shift and colour (yolo3.data.online); off by default. Named apart from
+    # yolo3 preprocess's --hue, --saturation and --value, which change the offline copies.
     scale_jitter: float = setting(
         0.0,
         group="data",
@@ -100,22 +101,26 @@ class TrainConfig:
         help="each training image scaled by a factor in [1 - S, 1 + S] about its centre, with "
         "its boxes, every time it is read (0: off)",
     )
-    translate: float = setting(
+    translate_jitter: float = setting(
         0.0,
         group="data",
         metavar="T",
         help="each training image shifted by up to T of its width and height (0: off)",
     )
-    hue: float = setting(
-        0.0, group="data", help="online hue shift, as yolo3 preprocess --hue (0: off)"
+    hue_jitter: float = setting(
+        0.0,
+        group="data",
+        help="online hue shift, as yolo3 preprocess --hue defines it (0: off)",
     )
-    saturation: float = setting(
+    saturation_jitter: float = setting(
         1.0,
         group="data",
-        help="online saturation factor, as yolo3 preprocess --saturation (1: off)",
+        help="online saturation factor, as yolo3 preprocess --saturation defines it (1: off)",
     )
-    value: float = setting(
-        1.0, group="data", help="online value factor, as yolo3 preprocess --value (1: off)"
+    value_jitter: float = setting(
+        1.0,
+        group="data",
+        help="online value factor, as yolo3 preprocess --value defines it (1: off)",
     )
     shuffle_buffer: int = setting(1024, group="data")
     close_mosaic: int = setting(
