@@ -314,3 +314,34 @@ def test_label_smoothing_moves_the_class_targets_off_0_and_1():
     np.testing.assert_allclose(plain["class"][0], bce(0.0, -2.0) + bce(1.0, 2.0), rtol=1e-6)
     with pytest.raises(ValueError, match="--label-smoothing 1.0: use a value in"):
         LossOptions(label_smoothing=1.0)
+
+
+def test_objectness_iou_moves_the_assigned_target_to_the_box_fit():
+    # The box of test_iou_losses_replace_xy_and_wh_by_one_box_term, its width a quarter too
+    # wide (IoU 0.8) and its objectness logit z = 1. Only that prediction's target moves,
+    # from 1 to 1 - r + 0.8 r, and bce(t, z) - bce(1, z) = z (1 - t): 0.2 r.
+    boxes = np.array([[[20, 17, 44, 47, 0]]], np.float32)
+    outputs = _zeros(1)
+    cell = outputs[0][0, 1, 1].reshape(3, 5 + NUM_CLASSES)
+    cell[0, :5] = [-30.0, -30.0, np.log(1.25), 0.0, 1.0]
+    outputs[0][0, 1, 1] = cell.reshape(-1)
+    _, plain = _weighted_loss(boxes, outputs, iou_loss="ciou")
+    for share in (0.5, 1.0):
+        total, soft = _weighted_loss(boxes, outputs, iou_loss="ciou", objectness_iou=share)
+        np.testing.assert_allclose(
+            soft["objectness"] - plain["objectness"], 0.2 * share, rtol=1e-4
+        )
+        np.testing.assert_allclose(soft["box"], plain["box"])
+    # The IoU is a target, not a path: the objectness term moves no box logit.
+    targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))
+    variables = [tf.constant(o) for o in outputs]
+    with tf.GradientTape() as tape:
+        tape.watch(variables)
+        _, terms = yolo_loss(
+            targets, variables, head=make_head(SMALL_ANCHORS, 2), objectness_iou=1.0
+        )
+    gradient = tape.gradient(terms["objectness"], variables)[0].numpy()[0, 1, 1]
+    gradient = gradient.reshape(3, 5 + NUM_CLASSES)
+    assert np.all(gradient[:, :4] == 0) and gradient[0, 4] != 0
+    with pytest.raises(ValueError, match="--objectness-iou 1.5: use a value in"):
+        LossOptions(objectness_iou=1.5)

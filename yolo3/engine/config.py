@@ -225,6 +225,13 @@ class TrainConfig:
     label_smoothing: float = setting(
         0.0, group="model", help="class targets 1 - eps/2 and eps/2 (Darknet's label_smooth_eps)"
     )
+    objectness_iou: float = setting(
+        LossOptions.objectness_iou,
+        group="model",
+        metavar="R",
+        help="objectness target of an assigned prediction 1 - R + R * (its box's IoU with the "
+        "true box), so that scores rank how well boxes fit (YOLOv5's gr); 0 is YOLOv3's 1",
+    )
     # schedule
     epochs: int = setting(50, group="schedule")
     batch_size: int = setting(8, group="schedule", help="images per replica per step")
@@ -576,6 +583,7 @@ class TrainConfig:
             obj_normalizer=self.obj_normalizer,
             cls_normalizer=self.cls_normalizer,
             label_smoothing=self.label_smoothing,
+            objectness_iou=self.objectness_iou,
         )
 
     def communication(self, precision=None):

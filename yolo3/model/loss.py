@@ -15,6 +15,10 @@ The terms are those of the original keras-yolo3 (and Darknet's yolo layer):
   with any true box of the same image are not penalised as background (all the image's
   boxes when they are given, as in Darknet; else those assigned in the targets);
 - class: sigmoid cross-entropy per class where an object is assigned.
+``objectness_iou`` (YOLOv5's ``gr``) moves the objectness target of an assigned prediction
+from 1 towards the IoU of its box with the true box, ``1 - r + r * IoU`` (the IoU held
+constant in the gradient), so that a detection's score also ranks how well it fits; 0 is
+YOLOv3's target.
 Each term is summed over cells, anchors and levels; the mean of the per-image totals over
 a batch equals the original's ``sum / batch_size``.
 
@@ -110,6 +114,7 @@ class LossOptions:
     obj_normalizer: float = 1.0
     cls_normalizer: float = 1.0
     label_smoothing: float = 0.0
+    objectness_iou: float = 0.0
 
     def __post_init__(self):
         loss_terms(self.iou_loss)  # raises for an unknown kind
@@ -117,6 +122,8 @@ class LossOptions:
             object.__setattr__(self, "iou_normalizer", DEFAULT_IOU_NORMALIZER[self.iou_loss])
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"--label-smoothing {self.label_smoothing}: use a value in [0, 1)")
+        if not 0.0 <= self.objectness_iou <= 1.0:
+            raise ValueError(f"--objectness-iou {self.objectness_iou}: use a value in [0, 1]")
         for name in ("iou_normalizer", "obj_normalizer", "cls_normalizer"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -219,6 +226,7 @@ def yolo_loss(
     obj_normalizer=1.0,
     cls_normalizer=1.0,
     label_smoothing=0.0,
+    objectness_iou=0.0,
 ):
     """Per-image YOLOv3 loss.
 
@@ -250,6 +258,8 @@ def yolo_loss(
             objectness and class terms (AlexeyAB Darknet's ``[yolo]`` keys).
         label_smoothing: class targets ``y (1 - eps) + eps / 2`` (AlexeyAB Darknet's
             ``label_smooth_eps``): 1 becomes ``1 - eps / 2``, 0 becomes ``eps / 2``.
+        objectness_iou: the share ``r`` of an assigned prediction's objectness target taken
+            from its box's IoU with the true box, ``1 - r + r * IoU``; 0 is YOLOv3's 1.
 
     Returns:
         ``(total, terms)``: total (N, 1) float32 per-image loss, and a dict mapping each name
@@ -306,7 +316,13 @@ def yolo_loss(
         )
 
         class_target = target[..., 5:] * (1.0 - label_smoothing) + 0.5 * label_smoothing
-        objectness_bce = _sigmoid_bce(object_mask, raw[..., 4:5])
+        pixels = ops.concatenate([input_wh, input_wh], axis=0)
+        decoded = ops.concatenate([pred_xy, pred_wh], axis=-1) * pixels
+        objectness_target = object_mask
+        if objectness_iou:
+            fit = ops.stop_gradient(iou_variant(decoded, target[..., 0:4] * pixels, "iou"))
+            objectness_target = object_mask * (1.0 - objectness_iou + objectness_iou * fit)
+        objectness_bce = _sigmoid_bce(objectness_target, raw[..., 4:5])
         objectness = (
             object_mask * objectness_bce + (1.0 - object_mask) * objectness_bce * ignore_mask
         )
@@ -321,8 +337,6 @@ def yolo_loss(
             level_terms["xy"] = box_weight * _sigmoid_bce(xy_target, raw[..., 0:2])
             level_terms["wh"] = box_weight * 0.5 * ops.square(true_wh - raw[..., 2:4])
         else:
-            pixels = ops.concatenate([input_wh, input_wh], axis=0)
-            decoded = ops.concatenate([pred_xy, pred_wh], axis=-1) * pixels
             variant = iou_variant(decoded, target[..., 0:4] * pixels, iou_loss)
             level_terms["box"] = iou_normalizer * object_mask * (1.0 - variant)
         for name, value in level_terms.items():
