@@ -90,3 +90,35 @@ def test_outputs_of_another_head_are_named_with_both_counts():
         head.check_outputs([(1, 2, 2, 24), (1, 4, 4, 21)])
     with pytest.raises(ValueError, match="model has 1 output heads but the anchor masks"):
         head.check_outputs([(1, 2, 2, 24)])
+
+
+def test_prior_biases_start_each_score_at_the_datas_prior():
+    # Tiny at 64 x 96 px, 5 classes, 3 boxes per image: level 0 has 2 x 3 cells of 3 anchors
+    # (18 predictions: objectness 3/18), level 1 4 x 6 (72: 3/72); classes 1/5 each. With
+    # the output kernels zeroed the network's scores are those priors exactly, in the
+    # channels the loss and the decoder read (anchor a: 5 + classes channels from a * 10).
+    import keras
+    from keras import ops
+
+    from yolo3.model.head import prior_biases
+    from yolo3.model.network import head_layer_names, set_head_biases, tiny_yolo_body
+
+    metadata = dict(CHECKPOINT_METADATA, num_classes=5, classes=list("abcde"))
+    head = HeadSpec.from_metadata(metadata)
+    biases = prior_biases(head, (64, 96), 3.0)
+    body = tiny_yolo_body(None, 3, 5, input_shape=(64, 96, 3))
+    set_head_biases(body, "tiny", biases)
+    for name in head_layer_names("tiny"):
+        kernel = body.get_layer(name).kernel
+        kernel.assign(np.zeros(kernel.shape, np.float32))
+    images = np.random.default_rng(0).uniform(0, 1, (1, 64, 96, 3)).astype(np.float32)
+    for output, cells, expected in zip(body(images), (6, 24), (3 / 18, 3 / 72)):
+        scores = keras.ops.convert_to_numpy(ops.sigmoid(output)).reshape(-1, 3, 10)
+        assert scores.shape[0] == cells
+        np.testing.assert_allclose(scores[..., 4], expected, rtol=1e-5)
+        np.testing.assert_allclose(scores[..., 5:], 0.2, rtol=1e-5)
+        np.testing.assert_allclose(scores[..., :4], 0.5)
+    # More boxes than half the predictions, or a single class: capped at 0.5 (bias 0).
+    one_class = HeadSpec.from_metadata(dict(CHECKPOINT_METADATA, num_classes=1, classes=["a"]))
+    for bias in prior_biases(one_class, (64, 64), 40.0):
+        assert np.all(bias == 0)

@@ -29,8 +29,14 @@ from yolo3.engine.trainer import (
     make_optimizer,
     scaled_learning_rate,
 )
-from yolo3.model.head import HEAD_FLAG_FIELDS, HeadSpec, flags_given, head_from_flags
-from yolo3.model.network import build_head_model
+from yolo3.model.head import (
+    HEAD_FLAG_FIELDS,
+    HeadSpec,
+    flags_given,
+    head_from_flags,
+    prior_biases,
+)
+from yolo3.model.network import build_head_model, set_head_biases
 from yolo3.model.resources import (
     DEFAULT_ANCHOR_MASKS,
     model_type_for_anchors,
@@ -102,6 +108,14 @@ class RunData:
         it is another."""
         val_set = self.val_source[0] if self.val_source else None
         return [self.record_set] + ([val_set] if val_set not in (None, self.record_set) else [])
+
+    @property
+    def boxes_per_image(self):
+        """The training split's boxes per image, as its manifest counts them (None where it
+        does not)."""
+        train = self.record_set.manifest["splits"].get("train", {})
+        images, boxes = train.get("images"), train.get("boxes")
+        return boxes / images if images and boxes is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +359,9 @@ def build_trainer(config, setup, strategy, log):
         note = default_model_note(config)
         if note:
             log(note)
+        if config.prior_bias:  # heads that --weights fills overwrite it
+            biases = prior_biases(setup.head, data.input_hw, data.boxes_per_image)
+            set_head_biases(body, setup.head.model_type, biases)
         _load_initial_weights(body, config, log)
         trainer = YoloTrainer(
             body,

@@ -197,6 +197,17 @@ class TrainConfig:
         "the centre (YOLOv5's rule), so that more predictions learn each box; needs --scale-x-y "
         "2 or more, for those cells' predictions to reach the centre",
     )
+    prior_bias: bool = setting(
+        False,
+        group="model",
+        parse=on_off,
+        metavar="on|off",
+        cli_default="off",
+        help="on: heads that start anew (from scratch, or where those of --weights do not fit) "
+        "start at the data's priors, each prediction's objectness at the training split's "
+        "boxes per image over its level's predictions and each class at 1 / classes, instead "
+        "of 0.5 (RetinaNet's and YOLOv5's initial biases)",
+    )
     scale_x_y: str | None = setting(
         None,
         group="model",

@@ -10,6 +10,7 @@ use it.
 """
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -340,3 +341,33 @@ def _input_hw(input_hw):
     if len(input_hw) != 2 or any(v % 32 or v < 32 for v in input_hw):
         raise ValueError(f"input size {input_hw} is not a positive multiple of 32")
     return input_hw
+
+
+def prior_biases(head, input_hw, boxes_per_image):
+    """The biases of each output convolution of ``head`` (largest stride first, each
+    ``(anchors_per_level * (5 + classes),)`` float32) at which a new network's first scores
+    are the data's priors instead of sigmoid(0) = 0.5 (Lin et al., "Focal Loss for Dense
+    Object Detection", ICCV 2017, section 4.1; YOLOv5's initial biases).
+
+    Objectness: the share of a level's predictions that hold a box, ``boxes_per_image`` over
+    its cells (at ``input_hw``) times its anchors per cell, at most 0.5; each class
+    ``1 / classes``, at most 0.5; the box channels 0. At 0.5 each of a 256-px input's 960 tiny
+    predictions starts at ln 2 of objectness loss, which the first steps spend pushing down,
+    the more the finer the grid.
+    """
+    height, width = input_hw
+    count = max(float(boxes_per_image or 0.0), 1e-3)  # a split without boxes: near 0
+    class_logit = _logit(min(1.0 / head.num_classes, 0.5))
+    biases = []
+    for level in head.levels():
+        cells = math.ceil(height / level.stride) * math.ceil(width / level.stride)
+        per_cell = len(level.anchor_indices)
+        bias = np.zeros((per_cell, 5 + head.num_classes), np.float32)
+        bias[:, 4] = _logit(min(count / (cells * per_cell), 0.5))
+        bias[:, 5:] = class_logit
+        biases.append(bias.reshape(-1))
+    return biases
+
+
+def _logit(p):
+    return math.log(p / (1.0 - p))

@@ -287,3 +287,10 @@ def model_type_of(model):
 def head_layer_names(model_type):
     """Names of the output convolutions, largest stride first."""
     return ["conv_58", "conv_66", "conv_74"] if model_type == "yolov3" else ["conv_9", "conv_12"]
+
+
+def set_head_biases(model, model_type, biases):
+    """Sets the biases of ``model``'s output convolutions to ``biases`` (largest stride
+    first), e.g. :func:`yolo3.model.head.prior_biases`."""
+    for name, bias in zip(head_layer_names(model_type), biases, strict=True):
+        model.get_layer(name).bias.assign(bias)
