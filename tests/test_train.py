@@ -494,3 +494,50 @@ def test_a_run_saved_before_grid_sensitivity_resumes_only_with_its_own():
     with pytest.raises(ValueError, match=r"--scale-x-y gives \[1.1, 1.1\] but the run was saved"):
         check_resumed(saved, {"batch_size": 4}, resolved, log=lambda *_: None)
     check_resumed(saved, {"batch_size": 4}, {**resolved, "scale_x_y": [1.0, 1.0]})
+
+
+def test_prior_biases_start_the_heads_that_weights_do_not_fill(record_set, tmp_path):
+    from yolo3.engine import builders
+    from yolo3.model.head import prior_biases
+
+    records, anchors = record_set
+
+    def head_biases(*extra):
+        args = train_args(records, tmp_path / "run", anchors, "--prior-bias", "on", *extra)
+        config = train.config_from_args(train.build_parser().parse_args(args))
+        strategy, info = builders.build_strategy(config)
+        data = builders.read_data(config)
+        config = builders.with_recipe(config, data, lambda line: None)
+        setup = builders.resolve_setup(config, strategy, info, data)
+        trainer = builders.build_trainer(config, setup, strategy, lambda line: None)
+        assert data.boxes_per_image is None
+        expected = prior_biases(setup.head, data.input_hw, None)
+        found = [trainer.body.get_layer(name).bias.numpy() for name in ("conv_9", "conv_12")]
+        return found, expected
+
+    # From scratch: the priors of the training split's boxes per image, as yolo3 preprocess
+    # counts them in the manifest (1 where it does not, as in this set).
+    found, expected = head_biases()
+    assert expected[0][4] == pytest.approx(math.log(1 / (3 * (SIZE // 32) ** 2 - 1)))
+    for bias, prior in zip(found, expected):
+        np.testing.assert_allclose(bias, prior)
+    anchors_array = np.ones((6, 2), np.float32)
+    for counts, per_image in (
+        ({"images": 1000, "boxes": 2100}, 2.1),
+        ({"images": 0, "boxes": 0}, None),
+        ({"images": 10, "boxes": -1}, None),
+        ({"images": "10", "boxes": 5}, None),
+        ({"records": 10}, None),
+    ):
+        record_set = types.SimpleNamespace(manifest={"splits": {"train": counts}})
+        assert builders.RunData(record_set, None, anchors_array).boxes_per_image == per_image
+    # Heads that load keep the file's biases; heads that do not fit (3 classes) take priors.
+    for classes, kept in ((2, True), (3, False)):
+        body = tiny_yolo_body(None, 3, classes, input_shape=(SIZE, SIZE, 3))
+        for name in ("conv_9", "conv_12"):
+            body.get_layer(name).bias.assign(np.full(body.get_layer(name).bias.shape, 0.25))
+        path = str(tmp_path / f"classes{classes}.weights.h5")
+        save_weights(body, path, {"num_classes": classes})
+        found, expected = head_biases("--weights", path)
+        for bias, prior in zip(found, expected):
+            np.testing.assert_allclose(bias, 0.25 if kept else prior)

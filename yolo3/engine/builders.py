@@ -111,11 +111,12 @@ class RunData:
 
     @property
     def boxes_per_image(self):
-        """The training split's boxes per image, as its manifest counts them (None where it
-        does not)."""
+        """The training split's boxes per image, as ``yolo3 preprocess`` counts them in its
+        manifest (None where it does not, or not as counts)."""
         train = self.record_set.manifest["splits"].get("train", {})
         images, boxes = train.get("images"), train.get("boxes")
-        return boxes / images if images and boxes is not None else None
+        counts = all(type(value) is int for value in (images, boxes))
+        return boxes / images if counts and images > 0 and boxes >= 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

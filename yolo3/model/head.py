@@ -349,14 +349,15 @@ def prior_biases(head, input_hw, boxes_per_image):
     are the data's priors instead of sigmoid(0) = 0.5 (Lin et al., "Focal Loss for Dense
     Object Detection", ICCV 2017, section 4.1; YOLOv5's initial biases).
 
-    Objectness: the share of a level's predictions that hold a box, ``boxes_per_image`` over
-    its cells (at ``input_hw``) times its anchors per cell, at most 0.5; each class
+    Objectness: the share of a level's predictions that hold a box, ``boxes_per_image`` (1
+    where it is None: not known) over its cells (at ``input_hw``) times its anchors per
+    cell, at least 1e-3 of a box and at most 0.5; each class
     ``1 / classes``, at most 0.5; the box channels 0. At 0.5 each of a 256-px input's 960 tiny
     predictions starts at ln 2 of objectness loss, which the first steps spend pushing down,
     the more the finer the grid.
     """
     height, width = input_hw
-    count = max(float(boxes_per_image or 0.0), 1e-3)  # a split without boxes: near 0
+    count = max(1.0 if boxes_per_image is None else float(boxes_per_image), 1e-3)
     class_logit = _logit(min(1.0 / head.num_classes, 0.5))
     biases = []
     for level in head.levels():
