@@ -316,6 +316,14 @@ class _Relay:
                 sink.sendall(data)
         except OSError:
             pass
+        # One side's end reaches the other, as on a direct connection: the server closes
+        # a kept-alive connection after 5 s idle, and a client that never heard of it sent
+        # its next request into the void and waited out its 30 s timeout (an epoch end
+        # 32 s long) before retrying on a new connection.
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def close(self):
         for sock in [self.listener, *self.sockets]:
