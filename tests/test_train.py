@@ -311,7 +311,10 @@ def test_accumulation_counts_optimizer_steps_and_scales_the_batch(record_set, tm
         (("--scale-x-y", "0.9"), "--scale-x-y '0.9': every value must be at least 1"),
         (("--scale-x-y", "1.1,x"), "--scale-x-y '1.1,x': expected a number"),
         (("--scale-x-y", "1,1,1"), "--scale-x-y 1,1,1: give one value, or one per head (2 here"),
-        (("--neighbour-cells", "on"), "--neighbour-cells on: a neighbour cell's prediction"),
+        (
+            ("--neighbour-cells", "on", "--scale-x-y", "1.5"),
+            "--neighbour-cells on: a neighbour cell's prediction",
+        ),
         (("--neighbour-cells", "yes"), "--neighbour-cells: 'yes': use on or off"),
         (("--bn-momentum", "1"), "--bn-momentum must be in [0, 1)"),
         (("--scale-jitter", "1"), "--scale-jitter must be in [0, 1)"),
@@ -443,13 +446,15 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     from yolo3.engine.trainer import scaled_learning_rate
 
     scratch = TrainConfig(records="r", log_dir="l")
-    assert (scratch.lr, scratch.ignore_thresh, scratch.scale_x_y) == (3.2e-2, 0.5, "1.1")
+    assert (scratch.lr, scratch.ignore_thresh, scratch.scale_x_y) == (3.2e-2, 0.5, "2")
+    assert scratch.neighbour_cells
     # The demo's peak: 8e-3 at its global batch of 16.
     assert scaled_learning_rate(scratch.lr, 16, scratch.lr_reference_batch) == pytest.approx(8e-3)
     # With --weights, the defaults wait for the weights' metadata: their heads fit the data's
     # 4 classes (fine-tuning), or do not (COCO's 80: the heads start anew, as from scratch).
     weighted = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
-    assert (weighted.lr, weighted.ignore_thresh, weighted.scale_x_y) == (None, None, None)
+    unset = (weighted.lr, weighted.ignore_thresh, weighted.scale_x_y, weighted.neighbour_cells)
+    assert unset == (None, None, None, None)
     anchors = np.ones((6, 2), np.float32)
     four = types.SimpleNamespace(classes=("a", "b", "c", "d"))
     masks = [[3, 4, 5], [0, 1, 2]]
@@ -462,10 +467,12 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     name, tuned, line = recipe({"num_classes": 4, "anchor_masks": masks})
     assert name == "fine-tune" and "heads fit the 4 classes" in line
     assert (tuned.lr, tuned.ignore_thresh, tuned.scale_x_y) == (1e-3, 0.7, None)  # the file's
+    assert tuned.neighbour_cells is False
     assert RECIPES["fine-tune"]["ignore_thresh"] == 0.7  # Darknet's
     name, fresh, line = recipe({"num_classes": 80, "anchor_masks": masks})
     assert name == "new-heads" and "(80 classes) do not fit the 4 classes" in line
-    assert (fresh.lr, fresh.ignore_thresh, fresh.scale_x_y) == (3.2e-2, 0.5, "1.1")
+    assert (fresh.lr, fresh.ignore_thresh, fresh.scale_x_y) == (3.2e-2, 0.5, "2")
+    assert fresh.neighbour_cells
     name, fresh, _ = recipe({"num_classes": 4, "anchor_masks": [[1, 2], [0, 3]]})
     assert name == "new-heads"  # 2 anchors a head against the run's 3: other channels
     name, unknown, line = recipe({})  # a Keras 2 file: as before, the fine-tuning defaults
@@ -473,7 +480,7 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     assert recipe_for(scratch, RunData(four, None, anchors)) == ("scratch", None)
     given = TrainConfig(records="r", log_dir="l", weights="w", lr=5e-4, ignore_thresh=0.6)
     given = given.with_recipe("new-heads")
-    assert (given.lr, given.ignore_thresh, given.scale_x_y) == (5e-4, 0.6, "1.1")
+    assert (given.lr, given.ignore_thresh, given.scale_x_y) == (5e-4, 0.6, "2")
     # From the command line, and config.json records the values used.
     records, anchors = record_set
     args = ["--records", str(records), "--log-dir", str(tmp_path), "--anchors", str(anchors)]

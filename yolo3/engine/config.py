@@ -48,7 +48,9 @@ GROUPS = {
 # 16 images with Adam, and an ignore threshold of .5, which scored mAP@0.5 0.927 and 0.935
 # on its task against 0.894 and 0.902 for Darknet's .7 (seeds 0 and 1, YOLOv3's loss).
 # Grid sensitivity from scratch: 1.1 raised COCO AP from 0.637 to 0.651 there (2 seeds;
-# 2 gave 0.633).
+# 2 gave 0.633); since the heads start at the data's priors (--prior-bias), YOLOv5's
+# neighbour cells, which need 2, give 0.683 +- 0.005 against 0.647 +- 0.004 there and
+# 0.689 +- 0.007 against 0.673 +- 0.005 at 256 px with 1,000 images (docs/benchmarks.md).
 # Fine-tuning weights whose heads fit the data (its class count and anchors per head):
 # Darknet's .7 and the original keras-yolo3's 1e-3, and the grid sensitivity left None: the
 # weights decode as they were trained (what their file records, else YOLOv3's 1;
@@ -58,8 +60,13 @@ GROUPS = {
 # COCO weights on the demo's task, 3 epochs, COCO AP 0.540 against 0.363 with the
 # fine-tuning values (2 seeds each; docs/benchmarks.md, "Fine-tuning from the COCO weights").
 RECIPES = {
-    "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5, "scale_x_y": "1.1"},
-    "fine-tune": {"lr": 1e-3, "ignore_thresh": IGNORE_THRESH, "scale_x_y": None},
+    "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5, "scale_x_y": "2", "neighbour_cells": True},
+    "fine-tune": {
+        "lr": 1e-3,
+        "ignore_thresh": IGNORE_THRESH,
+        "scale_x_y": None,
+        "neighbour_cells": False,
+    },
 }
 RECIPES["new-heads"] = RECIPES["scratch"]
 # The online augmentation's settings (yolo3.data.online.OnlineAugment) and their fields here.
@@ -187,15 +194,16 @@ class TrainConfig:
         help="also assign a box to every anchor whose IoU with it is above this "
         "(AlexeyAB Darknet's iou_thresh; 1: the best anchor only, as YOLOv3)",
     )
-    neighbour_cells: bool = setting(
-        False,
+    neighbour_cells: bool | None = setting(
+        None,
         group="model",
         parse=on_off,
         metavar="on|off",
-        cli_default="off",
+        cli_default=None,
         help="on: also assign a box to the two cells beside its centre's that lie nearest to "
         "the centre (YOLOv5's rule), so that more predictions learn each box; needs --scale-x-y "
-        "2 or more, for those cells' predictions to reach the centre",
+        "2 or more, for those cells' predictions to reach the centre. Default: on from scratch "
+        "or where the heads of --weights do not fit the data, off where they do",
     )
     # On by default: at 256 px with 1,000 images COCO AP 0.673 +- 0.005 against 0.592 +-
     # 0.020, on the demo's task 0.647 +- 0.004 against 0.646 +- 0.003 (docs/benchmarks.md).
