@@ -328,9 +328,7 @@ def test_objectness_iou_moves_the_assigned_target_to_the_box_fit():
     _, plain = _weighted_loss(boxes, outputs, iou_loss="ciou")
     for share in (0.5, 1.0):
         total, soft = _weighted_loss(boxes, outputs, iou_loss="ciou", objectness_iou=share)
-        np.testing.assert_allclose(
-            soft["objectness"] - plain["objectness"], 0.2 * share, rtol=1e-4
-        )
+        np.testing.assert_allclose(soft["objectness"] - plain["objectness"], 0.2 * share, rtol=1e-4)
         np.testing.assert_allclose(soft["box"], plain["box"])
     # The IoU is a target, not a path: the objectness term moves no box logit.
     targets = build_targets(boxes, input_hw=(64, 64), head=make_head(SMALL_ANCHORS, 2))

@@ -60,6 +60,7 @@ def test_train_writes_template_checkpoints_that_reload_without_the_trainer(
         records, tmp_path, anchors, "--epochs", "2", "--map-every", "2", "--scale-x-y", "1.1,1.2"
     )
     config = train.config_from_args(train.build_parser().parse_args(args))
+    assert not config.neighbour_cells  # the recipe's need a grid sensitivity of 2
     training.configure(config)
     manifests_read = []
     read_manifest = yolo_records.read_manifest
@@ -185,7 +186,7 @@ def test_a_finished_run_resumes_with_its_optimizer_state(record_set, tmp_path, c
     for change, named, saved in (
         (["--anchors", other_anchors], "--anchors", "[[6.0, 8.0], "),
         (["--mixed-precision", "bfloat16"], "--mixed-precision", "saved with float32"),
-        (["--scale-x-y", "1"], "--scale-x-y", "saved with [1.1, 1.1]"),
+        (["--scale-x-y", "1"], "--scale-x-y", "saved with [2.0, 2.0]"),
     ):
         capsys.readouterr()
         assert train.main([*resumed, *change]) == 2
@@ -448,6 +449,9 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     scratch = TrainConfig(records="r", log_dir="l")
     assert (scratch.lr, scratch.ignore_thresh, scratch.scale_x_y) == (3.2e-2, 0.5, "2")
     assert scratch.neighbour_cells
+    # The neighbour cells need a grid sensitivity of 2: one given below leaves them off.
+    assert not TrainConfig(records="r", log_dir="l", scale_x_y="1.1,2").neighbour_cells
+    assert TrainConfig(records="r", log_dir="l", scale_x_y="2.5").neighbour_cells
     # The demo's peak: 8e-3 at its global batch of 16.
     assert scaled_learning_rate(scratch.lr, 16, scratch.lr_reference_batch) == pytest.approx(8e-3)
     # With --weights, the defaults wait for the weights' metadata: their heads fit the data's

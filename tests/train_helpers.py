@@ -58,8 +58,8 @@ def validation_loss(weights, records, anchors):
     """The validation loss the weights file ``weights`` (tiny-YOLOv3, 2 classes) has on the
     whole val split of ``records``: the mean per-image loss over every image, in one batch,
     plus the weight decay, with the grid sensitivity the file records and the ignore
-    threshold of the run's ``config.json`` (beside ``checkpoints/``). What a run's
-    validation pass must log for those weights."""
+    threshold and neighbour cells of the run's ``config.json`` (beside ``checkpoints/``).
+    What a run's validation pass must log for those weights."""
     body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
     load_weights(body, str(weights))
     anchors = read_anchors(anchors)
@@ -75,7 +75,12 @@ def validation_loss(weights, records, anchors):
     images, boxes = next(iter(dataset))
     assert len(images) == count
     run = json.loads((Path(weights).parents[1] / "config.json").read_text())
-    trainer = YoloTrainer(body, head=head, ignore_thresh=run["ignore_thresh"])
+    trainer = YoloTrainer(
+        body,
+        head=head,
+        ignore_thresh=run["ignore_thresh"],
+        neighbour_cells=bool(run.get("neighbour_cells")),
+    )
     per_image, _ = trainer.per_image_loss(images, boxes, trainer(images))
     return float(np.mean(per_image)) + float(sum(np.asarray(w) for w in body.losses))
 

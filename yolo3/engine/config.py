@@ -27,7 +27,7 @@ from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import BN_MOMENTUM, MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.model.resources import parse_scale_x_y
-from yolo3.model.targets import IOU_THRESH
+from yolo3.model.targets import IOU_THRESH, NEIGHBOUR_SCALE_X_Y
 from yolo3.progress import DEFAULT_SECONDS, PROGRESS_CHOICES, check_interval
 
 # The groups of ``yolo3 train --help``, in order: field metadata names them by key.
@@ -203,7 +203,8 @@ class TrainConfig:
         help="on: also assign a box to the two cells beside its centre's that lie nearest to "
         "the centre (YOLOv5's rule), so that more predictions learn each box; needs --scale-x-y "
         "2 or more, for those cells' predictions to reach the centre. Default: on from scratch "
-        "or where the heads of --weights do not fit the data, off where they do",
+        "or where the heads of --weights do not fit the data (off where --scale-x-y is given "
+        "below 2), off where they do",
     )
     # On by default: at 256 px with 1,000 images COCO AP 0.673 +- 0.005 against 0.592 +-
     # 0.020, on the demo's task 0.647 +- 0.004 against 0.646 +- 0.003 (docs/benchmarks.md).
@@ -526,14 +527,25 @@ class TrainConfig:
         """A copy whose settings left unset take the values of ``RECIPES[name]``:
         ``"scratch"``, ``"fine-tune"`` or ``"new-heads"`` (:func:`yolo3.engine.builders.recipe_for`
         chooses by whether the heads of ``--weights`` fit the data)."""
+        return dataclasses.replace(self, **self._recipe_values(name))
+
+    def _recipe_values(self, name):
+        """The values of ``RECIPES[name]`` that the settings left unset take; the neighbour
+        cells stay off where ``--scale-x-y`` is given below the grid sensitivity they need."""
         unset = {key: value for key, value in RECIPES[name].items() if getattr(self, key) is None}
-        return dataclasses.replace(self, **unset)
+        if unset.get("neighbour_cells") and "scale_x_y" not in unset:
+            try:
+                given = parse_scale_x_y(self.scale_x_y) if self.scale_x_y is not None else None
+            except ValueError:
+                given = None  # the checks below name the flag
+            if given and min(given) < NEIGHBOUR_SCALE_X_Y:
+                unset["neighbour_cells"] = False
+        return unset
 
     def __post_init__(self):
         if not self.weights:  # from scratch; with --weights, once the weights are read
-            for name, value in RECIPES["scratch"].items():
-                if getattr(self, name) is None:
-                    object.__setattr__(self, name, value)
+            for name, value in self._recipe_values("scratch").items():
+                object.__setattr__(self, name, value)
         flags.check_choices(self)
         checks = [
             (self.freeze_epochs >= 0, "--freeze-epochs must be >= 0"),
