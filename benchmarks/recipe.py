@@ -6,7 +6,10 @@ per seed from scratch on the same record set, in a process of its own pinned to 
 runs go to the given cores as they free up. Each run's ``last.weights.h5`` is scored by
 ``yolo3 evaluate --annotations`` on the original validation images (pycocotools' COCO AP,
 AP50, AP75, and VOC mAP@0.5), the figures a user meets. Per setting: the mean over its seeds
-and half their range, beside each seed's figures and training wall time.
+and half their range, beside each seed's figures and training wall time, and each run's
+curve: the COCO AP ``yolo3 train`` scored on the validation split after each epoch, with the
+training seconds to then (its ``results.csv``), so that settings of different lengths (a
+fine-tuning run against one from scratch) can be drawn against time.
 
 The data (the demo's: ``yolo3 make-demo-dataset``, anchors by ``yolo3 kmeans``, a record set
 by ``yolo3 preprocess``) is made in ``--work`` when absent, with the same commands the demo
@@ -15,6 +18,7 @@ the AP figures do not depend on the load.
 """
 
 import contextlib
+import csv
 import dataclasses
 import json
 import os
@@ -145,6 +149,25 @@ def score(run_dir):
     }
 
 
+def curve(run_dir):
+    """``[{epoch, seconds, AP}]`` from ``run_dir``'s ``results.csv``: the validation split's
+    COCO AP after each epoch and the training seconds to then (empty where the file is
+    missing; an epoch not scored has AP None)."""
+    path = Path(run_dir) / "results.csv"
+    if not path.exists():
+        return []
+    with path.open(newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    return [
+        {
+            "epoch": int(row["epoch"]),
+            "seconds": float(row["seconds"]),
+            "AP": float(row["val_AP"]) if row.get("val_AP") else None,
+        }
+        for row in rows
+    ]
+
+
 def side_by_side(jobs, cores, start, finish):
     """Runs ``jobs`` as processes, one per core at a time, each on the next core to free up.
 
@@ -196,7 +219,7 @@ def run_recipe(config, command=None, log=print):
         folder = run_dir(name, seed)
         check_exit(process, f"training {name}, seed {seed} (log: {folder}.log)", 0)
         runs.append({"setting": name, "seed": seed, "train_seconds": seconds,
-                     **evaluate_run(folder, data, core)})  # fmt: skip
+                     **evaluate_run(folder, data, core), "curve": curve(folder)})  # fmt: skip
         log(f"{name}, seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in METRICS))
 
     side_by_side(jobs, config.cores, start, finish)
@@ -216,7 +239,22 @@ def summarize(name, runs):
         values = [run[key] for run in own if run[key] is not None]
         row[key] = statistics.fmean(values) if values else None
         row[f"{key}_half_range"] = (max(values) - min(values)) / 2 if values else None
+    row["curve"] = mean_curve([run.get("curve") or [] for run in own])
     return row
+
+
+def mean_curve(curves):
+    """The seeds' mean seconds and AP at each epoch that every curve scored."""
+    scored = [{point["epoch"]: point for point in c if point["AP"] is not None} for c in curves]
+    epochs = sorted(set.intersection(*(set(c) for c in scored))) if scored else []
+    return [
+        {
+            "epoch": epoch,
+            "seconds": statistics.fmean(c[epoch]["seconds"] for c in scored),
+            "AP": statistics.fmean(c[epoch]["AP"] for c in scored),
+        }
+        for epoch in epochs
+    ]
 
 
 def format_recipe(result):

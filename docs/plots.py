@@ -14,7 +14,12 @@ here. A kind of benchmark with no JSON file in the folder is left out.
   round trip (``tools/benchmark.py predict``);
 - ``accuracy``: mAP@0.5 against training wall time, one line per setting (the mean over the
   seeds, epoch by epoch), with the target (``tools/benchmark.py accuracy``), one panel per
-  JSON file.
+  JSON file;
+- ``matrix``: COCO AP against input size, ours and Ultralytics' YOLOv3-tiny, at equal epochs
+  and (where run) ours at the peer's training time (``tools/benchmark.py matrix``);
+- ``recipe``: COCO AP against training wall time, one line per setting (the mean over the
+  seeds, epoch by epoch; ``tools/benchmark.py recipe``), such as fine-tuning from the COCO
+  weights beside training from scratch; one panel per JSON file.
 """
 
 import argparse
@@ -77,7 +82,9 @@ def _machine(result):
 def load_results(data_dir):
     """``{kind: [(path, result)]}`` of the benchmark JSON files in ``data_dir``, told apart by
     their contents."""
-    found = {"scaling": [], "detect": [], "prediction": [], "accuracy": [], "matrix": []}
+    found = {
+        kind: [] for kind in ("scaling", "detect", "prediction", "accuracy", "matrix", "recipe")
+    }
     for path in sorted(Path(data_dir).glob("*.json")):
         result = json.loads(path.read_text(encoding="utf-8"))
         if "communication" in result:
@@ -90,6 +97,8 @@ def load_results(data_dir):
             found["accuracy"].append((path, result))
         elif "cells" in result:
             found["matrix"].append((path, result))
+        elif any(row.get("curve") for row in result.get("settings", ())):
+            found["recipe"].append((path, result))
     return found
 
 
@@ -235,6 +244,7 @@ def accuracy_figure(results):
 MATRIX_SIDES = {
     "ours": ("yolo3 train (the recipe)", "-"),
     "peer": ("Ultralytics YOLOv3-tiny", "--"),
+    "ours-at-peer-time": ("yolo3 train for the peer's time", ":"),
 }
 
 
@@ -262,7 +272,32 @@ def matrix_figure(results):
         epochs = result["config"]["epochs"]
         axes.set_xlabel("input size (px; the images made at that size)")
         axes.set_ylabel("COCO AP@[.5:.95], original validation images")
-        axes.set_title(f"{epochs} epochs each, batch 16, one core a run", fontsize=10)
+        axes.set_title(
+            f"{epochs} epochs each (dotted: as many as the peer's time holds), batch 16, "
+            "one core a run",
+            fontsize=10,
+        )
+        axes.legend(fontsize=7)
+    return _svg(figure)
+
+
+def recipe_figure(results):
+    """COCO AP on the validation split against training wall time, one line per setting (the
+    mean over its seeds at each epoch end, each run with its own schedule); one panel per
+    run of the benchmark."""
+    figure, all_axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for axes, (_, result) in zip(all_axes.flat, results):
+        config = result["config"]
+        for row in result["settings"]:
+            curve = row.get("curve") or []
+            axes.plot([point["seconds"] / 60 for point in curve],
+                      [point["AP"] for point in curve], marker="o", markersize=3,
+                      label=f"{row['setting']} ({row['seeds']} seeds)")  # fmt: skip
+        axes.set_xlabel("training wall time, minutes (one core a run)")
+        axes.set_ylabel("COCO AP@[.5:.95], validation split")
+        axes.set_title(
+            f"{config['input_size']} px, {config['train_images']:,} images, batch 16", fontsize=10
+        )
         axes.legend(fontsize=7)
     return _svg(figure)
 
@@ -277,6 +312,7 @@ def draw_all(data_dir=HERE / "data"):
         ("prediction", "Predicted efficiency at 16 to 256 workers", prediction_figure),
         ("accuracy", "Time to accuracy by setting", accuracy_figure),
         ("matrix", "The recipe against Ultralytics' YOLOv3-tiny by input size", matrix_figure),
+        ("recipe", "Settings of the recipe against training time", recipe_figure),
     ):
         results = found[kind]
         if not results:

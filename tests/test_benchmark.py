@@ -699,6 +699,36 @@ def test_recipe_summary_is_the_mean_and_half_range_of_the_seeds():
         recipe.parse_setting("--iou-loss ciou")
 
 
+def test_recipe_curve_reads_the_runs_results_file_and_averages_the_seeds(tmp_path):
+    """A run's curve is what ``yolo3 train`` wrote to results.csv (by its own writer), an
+    epoch without AP kept as None; the setting's curve is the seeds' mean at the epochs
+    both scored."""
+    from benchmarks import recipe
+    from yolo3.callbacks.results import write_results
+
+    epochs = [
+        {"epoch": 1, "seconds": 10.0, "loss": 9.0},
+        {"epoch": 2, "seconds": 20.5, "loss": 5.0, "val_AP": 0.25, "val_mAP50": 0.5},
+        {"epoch": 3, "seconds": 30.0, "loss": 4.0, "val_AP": 0.5},
+    ]
+    write_results(tmp_path / "a", epochs)
+    write_results(tmp_path / "b", [{**epochs[1], "seconds": 22.5, "val_AP": 0.35}])
+    first = recipe.curve(tmp_path / "a")
+    assert first == [
+        {"epoch": 1, "seconds": 10.0, "AP": None},
+        {"epoch": 2, "seconds": 20.5, "AP": 0.25},
+        {"epoch": 3, "seconds": 30.0, "AP": 0.5},
+    ]
+    assert recipe.curve(tmp_path / "missing") == []
+    runs = [
+        {"setting": "a", "seed": seed, "AP": 0.5, "AP50": 0.9, "AP75": 0.4, "mAP50": 0.9,
+         "train_seconds": 30.0, "curve": recipe.curve(tmp_path / folder)}
+        for seed, folder in enumerate("ab")
+    ]  # fmt: skip
+    row = recipe.summarize("a", runs)
+    assert row["curve"] == [{"epoch": 2, "seconds": pytest.approx(21.5), "AP": pytest.approx(0.3)}]
+
+
 def _accuracy_run(setting, seed, maps, final, step=10.0):
     curve = [{"epoch": e + 1, "seconds": step * (e + 1), "mAP50": m} for e, m in enumerate(maps)]
     final = {"mAP50": final, "AP": final / 2, "AP50": final, "AP75": final / 3}

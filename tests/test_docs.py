@@ -239,6 +239,7 @@ def test_plots_draw_from_the_committed_json():
         "prediction",
         "accuracy",
         "matrix",
+        "recipe",
     }
     for figure in figures:
         assert figure.svg.startswith(b"<?xml") and b"<svg" in figure.svg
@@ -418,7 +419,7 @@ def test_site_builds_strict_with_every_page(site):
     for name in commands.COMMANDS:
         assert f"yolo3 {name}" in cli
     benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
-    for plot in ("scaling", "detect", "prediction", "accuracy"):
+    for plot in ("scaling", "detect", "prediction", "accuracy", "matrix", "recipe"):
         assert f"img/plots/{plot}.svg" in benchmarks
 
 
