@@ -23,7 +23,7 @@ from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOIC
 from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.flags import flag_of, setting  # noqa: F401 - flag_of: callers read it from here
-from yolo3.model.loss import IGNORE_THRESH, IOU_LOSSES, LossOptions
+from yolo3.model.loss import DEFAULT_IOU_NORMALIZER, IGNORE_THRESH, IOU_LOSSES, LossOptions
 from yolo3.model.network import BN_MOMENTUM, MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.model.resources import parse_scale_x_y
@@ -240,7 +240,9 @@ class TrainConfig:
     iou_normalizer: float | None = setting(
         None,
         group="model",
-        help="weight of the box term(s) (default: 4 for an IoU term, 1 for mse)",
+        help="weight of the box term(s) (default: "
+        + ", ".join(f"{weight:g} for {kind}" for kind, weight in DEFAULT_IOU_NORMALIZER.items())
+        + ")",
     )
     obj_normalizer: float = setting(1.0, group="model", help="weight of the objectness term")
     cls_normalizer: float = setting(1.0, group="model", help="weight of the class term")
