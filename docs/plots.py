@@ -273,8 +273,7 @@ def matrix_figure(results):
         axes.set_xlabel("input size (px; the images made at that size)")
         axes.set_ylabel("COCO AP@[.5:.95], original validation images")
         axes.set_title(
-            f"{epochs} epochs each (dotted: as many as the peer's time holds), batch 16, "
-            "one core a run",
+            f"{epochs} epochs each (dotted: the peer's time), batch 16, one core a run",
             fontsize=10,
         )
         axes.legend(fontsize=7)

@@ -77,8 +77,10 @@ def test_map_every_writes_per_class_ap_and_a_gallery_at_the_epoch_step(record_se
     result = training.run(config, log=lambda *_: None)
     assert result.epochs_done == 2
 
-    # An evaluation of the trained weights made apart from the training run.
-    head = HeadSpec(anchors=SMALL_ANCHORS, class_names=CLASSES)
+    # An evaluation of the trained weights made apart from the training run, decoding as
+    # the run trained (its grid sensitivity: 2 from scratch).
+    trained = result.trainer.head
+    head = HeadSpec(anchors=SMALL_ANCHORS, class_names=CLASSES, scale_x_y=trained.scale_x_y)
     evaluation = validate.evaluate_model(result.trainer.body, records, head=head, coco=False)
     assert all(math.isfinite(ap) for ap in evaluation.voc.ap[:2])
     assert math.isnan(evaluation.voc.ap[2])  # no ground truth: no AP, and no scalar

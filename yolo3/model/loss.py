@@ -93,7 +93,7 @@ def box_iou(boxes_a, boxes_b):
 
 # The weight of the box term when none is given: YOLOv3's 1 for its xy and wh terms; 8 for
 # 1 - CIoU (with the heads' priors and neighbour cells, COCO AP 0.710 against 0.683 on the
-# demo's task and 0.729 against 0.681 at 256 px with 1,000 images; before them, with one
+# demo's task and 0.728 against 0.681 at 256 px with 1,000 images; before them, with one
 # cell a box, 1 was too weak against the objectness and class sums and 8 too strong:
 # docs/benchmarks.md, "The training recipe"); 4 for the other IoU terms, not measured again.
 DEFAULT_IOU_NORMALIZER = {"mse": 1.0, "iou": 4.0, "giou": 4.0, "diou": 4.0, "ciou": 8.0}
