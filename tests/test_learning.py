@@ -2,8 +2,8 @@
 
 The real tools run in order, each in a process of its own as ``tools/demo.py`` runs them:
 generate the data set, fit anchors, preprocess into record shards, train; then the last
-checkpoint is loaded into ``tiny_yolo_body`` and scored by VOC mAP@0.5 on the held-out
-images, which training never sees (not even for checkpoint selection).
+checkpoint is loaded by ``Detector`` with the head it records (its grid sensitivity
+included) and scored by VOC mAP@0.5 on the held-out images, which training never sees (not even for checkpoint selection).
 
 Its own processes keep the test session's state out of the training: the conftest's logical
 CPU devices, and glibc's malloc thresholds, which a ``MirroredStrategy`` input iterator of an
@@ -26,12 +26,9 @@ import pytest
 from helpers import load_tool
 from PIL import Image
 
-from yolo3.checkpoint.weights import load_weights
 from yolo3.data.annotations import parse_annotations
 from yolo3.evaluation.metrics import evaluate_voc, format_table
 from yolo3.inference.detect import Detector
-from yolo3.model.head import HeadSpec
-from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors, read_classes
 
 SEED = 0
@@ -90,10 +87,13 @@ def test_tiny_yolo_learns_demo_shapes_from_scratch(tmp_path, capsys):
     class_names = read_classes(data / "classes.txt")
     entries, rejects, _ = parse_annotations(data / "val.txt", num_classes=len(class_names))
     assert not rejects and len(entries) == VAL_IMAGES
-    body = tiny_yolo_body(None, 3, len(class_names), input_shape=(INPUT_SIZE, INPUT_SIZE, 3))
-    load_weights(body, str(log_dir / "checkpoints" / "last.weights.h5"))
-    head = HeadSpec(anchors=read_anchors(anchors), class_names=class_names)
-    detector = Detector.from_model(body, head, score_threshold=0.01, max_detections=100)
+    # The checkpoint as a user detects with it: its head (anchors, classes, input size, the
+    # grid sensitivity it trained at) read from the file itself.
+    detector = Detector(
+        log_dir / "checkpoints" / "last.weights.h5", score_threshold=0.01, max_detections=100
+    )
+    assert detector.class_names == class_names
+    assert np.allclose(detector.head.anchor_array, read_anchors(anchors))
     detections = _detect_all(detector, [entry.path for entry in entries])
     truth = [{"boxes": entry.boxes, "classes": entry.classes} for entry in entries]
     result = evaluate_voc(truth, detections, num_classes=len(class_names))

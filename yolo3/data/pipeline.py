@@ -42,6 +42,11 @@ from yolo3.model.targets import build_targets
 
 logger = logging.getLogger(__name__)
 
+# What the pipeline maps is TensorFlow ops with no Python branch or loop on a tensor (tf.cond
+# where a draw decides), so tf.data traces it without autograph's conversion, as the train
+# step is traced (yolo3/engine/step.py).
+_plain = tf.autograph.experimental.do_not_convert
+
 # Files read at once by the training interleave; more only costs memory for read buffers.
 _MAX_CYCLE_LENGTH = 16
 
@@ -127,7 +132,7 @@ def _padded_passes(dataset, records, pass_size, input_hw, max_boxes):
             tf.constant(0.0),
         )
     ).repeat(pass_size - records)
-    weighted = dataset.map(lambda image, boxes: (image, boxes, tf.constant(1.0)))
+    weighted = dataset.map(_plain(lambda image, boxes: (image, boxes, tf.constant(1.0))))
     return weighted.concatenate(padding).repeat()
 
 
@@ -198,7 +203,9 @@ def _read_records(files, *, training, seed, shuffle_buffer, deterministic):
 def _skip_mosaic_while_off(dataset, mosaic):
     """Drops mosaic records while the boolean ``tf.Variable`` ``mosaic`` is False."""
     return dataset.filter(
-        lambda serialized: tf.logical_or(mosaic, tf.logical_not(records.is_mosaic(serialized)))
+        _plain(
+            lambda serialized: tf.logical_or(mosaic, tf.logical_not(records.is_mosaic(serialized)))
+        )
     )
 
 
@@ -231,7 +238,9 @@ def _decode_flip_and_pad(
 
     # The counter makes each image's flip draw depend on (seed, position), not on threads.
     return dataset.enumerate().map(
-        decode_flip_and_pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        _plain(decode_flip_and_pad),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
     )
 
 
@@ -250,7 +259,9 @@ def _add_targets(dataset, *, head, input_hw, with_boxes, deterministic):
         images = tf.cast(images, tf.float32) / 255.0
         return (images, targets, boxes) if with_boxes else (images, targets)
 
-    return dataset.map(to_targets, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return dataset.map(
+        _plain(to_targets), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
 
 
 def _set_options_and_prefetch(dataset, input_context):

@@ -167,7 +167,13 @@ class StepFunctions:
             outputs = strategy.run(sized_step, args=(data, stop))
             return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
-        step = tf.function(replicated_step, reduce_retracing=True, jit_compile=self.jit_compile)
+        # No autograph (here and in the outer function): the step is TensorFlow and Keras
+        # ops, with no Python branch or loop on a tensor, and autograph's conversion and its
+        # wrapping of every call while tracing cost each start about 0.5 s (a two-step run
+        # on one core: 6.9 s of training against 6.4 s without).
+        step = tf.function(
+            replicated_step, reduce_retracing=True, jit_compile=self.jit_compile, autograph=False
+        )
         flag = self._stop_flag
 
         def next_batch(iterator):
@@ -175,7 +181,7 @@ class StepFunctions:
                 return tuple(iterator.get_next() for _ in range(self.accumulate))
             return iterator.get_next()
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def train_function(iterator):
             # Read here, outside the compiled step: the flag is a host variable.
             stop = None if flag is None else tf.identity(flag)

@@ -142,8 +142,10 @@ class Detector:
         self.spec = spec
         # A fixed signature with an open batch axis: one trace serves every batch size. The
         # thresholds are baked in at that trace, so they are fixed for the detector's life.
+        # No autograph: TensorFlow ops only, as the train step (yolo3/engine/step.py).
         self._predict = tf.function(
             self._predict_batch,
+            autograph=False,
             input_signature=[
                 tf.TensorSpec((None, *self.input_hw, 3), tf.float32),
                 tf.TensorSpec((None, 2), tf.int32),

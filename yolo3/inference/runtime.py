@@ -193,6 +193,7 @@ def _host_postprocess(spec, outputs):
     if outputs == "candidates":
         nms = tf.function(
             lambda boxes, scores: batched_nms(boxes, scores, **thresholds),
+            autograph=False,  # TensorFlow ops only (yolo3/engine/step.py)
             input_signature=[
                 tf.TensorSpec((None, None, 4), tf.float32),
                 tf.TensorSpec((None, None, spec.head.num_classes), tf.float32),
@@ -209,6 +210,7 @@ def _host_postprocess(spec, outputs):
         lambda heads, image_hw: postprocess(
             heads, spec.head, image_hw, spec.head.input_hw, **thresholds
         ),
+        autograph=False,  # TensorFlow ops only (yolo3/engine/step.py)
         input_signature=[
             [tf.TensorSpec((None, None, None, None), tf.float32)] * num_levels,
             tf.TensorSpec((None, 2), tf.int32),
