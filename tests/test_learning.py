@@ -3,7 +3,8 @@
 The real tools run in order, each in a process of its own as ``tools/demo.py`` runs them:
 generate the data set, fit anchors, preprocess into record shards, train; then the last
 checkpoint is loaded by ``Detector`` with the head it records (its grid sensitivity
-included) and scored by VOC mAP@0.5 on the held-out images, which training never sees (not even for checkpoint selection).
+included) and scored by VOC mAP@0.5 on the held-out images, which training never sees (not
+even for checkpoint selection).
 
 Its own processes keep the test session's state out of the training: the conftest's logical
 CPU devices, and glibc's malloc thresholds, which a ``MirroredStrategy`` input iterator of an
