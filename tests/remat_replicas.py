@@ -1,6 +1,8 @@
-"""One SGD step of tiny-YOLOv3 on four logical CPU replicas, with and without --remat; run
+"""One SGD step of tiny-YOLOv3 on two logical CPU replicas, with and without --remat; run
 by test_remat in a process of its own (TensorFlow lets a process run collectives for only
-one device group, and the test session's other strategies use the same four devices).
+one device group, and the test session's other strategies use the same devices). Two
+replicas are enough: the step's gradients are all-reduced and its statistics updated the
+same way on any number.
 
     python tests/remat_replicas.py RESULT.npz
 
@@ -21,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 from yolo3.distributed.strategy import configure_devices  # noqa: E402
 
-REPLICAS = 4
+REPLICAS = 2
 configure_devices(gpus=0, cpu_replicas=REPLICAS)
 
 import keras  # noqa: E402

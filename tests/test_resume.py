@@ -3,7 +3,7 @@
 Each worker keeps its two newest backups; a rerun agrees on the newest step all of them
 hold, broadcasts the chief's state and continues from that very step, mid-epoch included.
 (SIGTERM to one worker of eight stops all after the same step, with backups there, exit
-status 143: tests/test_eight_workers.py.)
+status 143, and the rerun restores that step on all eight: tests/test_eight_workers.py.)
 
 The data is arranged so that a step's batches cannot depend on the position in the input
 stream (which starts afresh after a resume): each worker reads one shard of 4 records, in

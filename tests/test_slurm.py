@@ -164,8 +164,8 @@ def test_scancel_stops_every_task_after_the_same_step_and_the_same_command_resum
     cluster, data, tmp_path
 ):
     # 16 records, 2 workers x 4: 2 steps an epoch, 6 in all, a backup after each step.
-    # (A task killed mid-step, and the rerun from the newest step all tasks hold:
-    # tests/test_eight_workers.py, on a step of eight tasks.)
+    # (A task killed mid-save ending the others: tests/test_eight_workers.py, on a step of
+    # eight tasks; the rerun from the newest step all workers hold: tests/test_resume.py.)
     args = _args(data, tmp_path / "job", "--epochs", "3", "--backup-every", "1", *frozen_heads(3))
     command = _srun("resumed") + _worker(tmp_path / "dump", args)
     backups = tmp_path / "job/backup/worker-1"

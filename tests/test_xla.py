@@ -158,10 +158,11 @@ def float64_network():
     keras.mixed_precision.set_global_policy("float32")
 
 
-@pytest.mark.parametrize("seed", [2, 4])
 @pytest.mark.slow
-def test_loss_and_gradients_are_the_same_with_and_without_xla(float64_network, seed):
-    rng = np.random.default_rng(seed)
+def test_loss_and_gradients_are_the_same_with_and_without_xla(float64_network):
+    # One batch: in float64 the comparison holds on any, and a second seed ran the same
+    # code on other numbers.
+    rng = np.random.default_rng(4)
     boxes = _colliding_boxes(rng, batch=4)
     images = rng.uniform(0, 1, (4, SIZE, SIZE, 3))
     keras.utils.set_random_seed(0)
