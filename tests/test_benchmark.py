@@ -133,16 +133,17 @@ def _check_train(output, saved, variants, remat):
 def test_train_prints_the_steps_variants_flops_and_memory(tmp_path, capsys):
     # One run for every table: each precision against a given peak (XLA's variants are
     # the same code with jit_compile; XLA itself: tests/test_xla.py), and the peak memory of
-    # each remat setting, one process each.
+    # a remat setting in a process of its own (one: every setting's round is the same code
+    # with its --remat; remat's own numbers: tests/test_remat.py).
     json_path = tmp_path / "train.json"
     argv = ["train", *SMALL_STEP, "--precisions", "float32", "float16", "--xla", "off"]
-    argv += ["--remat", "off", "full", "--peak-tflops", "2"]
+    argv += ["--remat", "full", "--peak-tflops", "2"]
     assert load_tool("benchmark").main([*argv, "--json", str(json_path)]) == 0
 
     output = capsys.readouterr().out
     saved = _check_json(json_path, ("full", "loss_only", "bare"))
     variants = [f"{p}_xla_off" for p in ("float32", "float16")]
-    _check_train(output, saved, variants, ("off", "full"))
+    _check_train(output, saved, variants, ("full",))
     assert saved["rows"]["full"]["mfu"] > 0
     assert "MFU against 2 TFLOP/s (--peak-tflops)" in output
     # Without a peak (the CPU's, with no --peak-tflops: test_speed_figures_and_mfu_by_hand)
