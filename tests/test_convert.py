@@ -174,8 +174,8 @@ def test_weights_file_loads_in_fresh_process_and_under_strategy(converted, tmp_p
     for i, want in enumerate(expected):
         np.testing.assert_allclose(fresh[f"arr_{i}"], want, rtol=0, atol=1e-6)
 
-    # Under a strategy, with tiny's file: loading is the same code for either body, and
-    # YOLOv3's 62 million weights built a third time cost this test most of its time.
+    # Under a strategy, with tiny's file: loading is the same code for either body, so
+    # YOLOv3's 62 million weights need not be built a third time for it.
     tiny = converted("tiny")
     tiny_path = str(tmp_path / "tiny.weights.h5")
     darknet.write_weights(tiny.model, tiny.info, tiny_path)
