@@ -246,8 +246,8 @@ RUNS = {"float64": STEPS, "float32": 1}
 # Two replicas, not four: the statistics of the global batch across four are checked above
 # against NumPy's and one device's, forward and backward, and four replicas train through
 # train.py in tests/test_train_distributed.py; what the steps add here (the moving averages,
-# the optimizer, three steps in float64) does not depend on the count, and four replicas'
-# collectives on 2 cores cost this file most of its time.
+# the optimizer, three steps in float64) does not depend on the count, and the replicas'
+# collectives, which wait on each other (below), are fewer.
 TRAINING_REPLICAS = 2
 
 
