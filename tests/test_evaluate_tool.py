@@ -152,7 +152,9 @@ def test_anchor_masks_come_from_the_file_or_the_flag(run_folder, tmp_path, capsy
 COCO_BOXES = [[20, 6, 44, 26], [20, 70, 44, 90], [84, 6, 108, 26], [84, 70, 108, 90]]
 
 
-def _constant_head_weights(path):
+def _constant_head_weights(path, slots=(0,)):
+    """The model above; with more ``slots``, those anchor slots of the stride-32 head are
+    confident of class 1 at every cell too."""
     from yolo3.model.network import build_model
 
     model = build_model("tiny", 2, input_size=64)
@@ -161,8 +163,8 @@ def _constant_head_weights(path):
         bias = np.full(layer.bias.shape, -12.0, np.float32)  # objectness, classes silent
         for slot in range(3):
             bias[slot * 7 : slot * 7 + 4] = 0.0  # box offsets (7 = 5 + 2 classes per slot)
-        if confident:
-            bias[4], bias[5 + 1] = 12.0, 12.0  # slot 0: objectness and class 1
+        for slot in slots if confident else ():
+            bias[slot * 7 + 4], bias[slot * 7 + 5 + 1] = 12.0, 12.0  # objectness, class 1
         layer.set_weights([np.zeros(layer.kernel.shape, np.float32), bias])
     save_weights(model, path, {"model_type": "tiny", "num_classes": 2})
 
@@ -252,3 +254,33 @@ def test_coco_json_scores_exactly_as_pycocotools_on_the_file(tmp_path, capsys):
     assert json.loads((tmp_path / "server" / "coco_results.json").read_text()) == results
     assert json.loads((tmp_path / "server" / "metrics.json").read_text())["coco"] is None
     assert "not scored" in capsys.readouterr().out
+
+
+def test_iou_flag_is_the_nms_threshold_of_the_detections_scored(tmp_path, capsys):
+    """Two anchor slots detect one box per cell each, centred together: 12 x 10 and 20 x 10
+    network pixels, an IoU of 120 / 200 = 0.6 (by hand). NMS at 0.5 keeps one of each
+    pair, at 0.7 both; the default, 0.45, one."""
+    Image.new("RGB", (128, 96), (90, 90, 90)).save(tmp_path / "a.png")
+    annotations = tmp_path / "val.txt"
+    annotations.write_text("a.png 20,6,44,26,1\n")
+    classes = tmp_path / "classes.txt"
+    classes.write_text("cat\ndog\n")
+    anchors = tmp_path / "anchors.txt"
+    anchors.write_text("8,10, 16,20, 24,24, 12,10, 20,10, 60,60")  # stride 32: 12x10, 20x10
+    weights = str(tmp_path / "pairs.weights.h5")
+    _constant_head_weights(weights, slots=(0, 1))
+    argv = ["--weights", weights, "--annotations", str(annotations), "--classes", str(classes),
+            "--anchors", str(anchors), "--input-size", "64", "--gallery", "0"]  # fmt: skip
+
+    def detections(*flags):
+        output = tmp_path / f"eval{len(list(tmp_path.glob('eval*')))}"
+        assert evaluate_tool.main([*argv, "--output", str(output), *flags]) == 0
+        per_class = json.loads((output / "metrics.json").read_text())["voc"]["per_class"]
+        return {row["class"]: row["detections"] for row in per_class}["dog"]
+
+    assert detections() == 4  # one per cell of the 2 x 2 grid
+    assert detections("--iou", "0.5") == 4
+    assert detections("--iou", "0.7") == 8
+    capsys.readouterr()
+    assert evaluate_tool.main([*argv, "--iou", "1.5"]) == 2
+    assert "--iou 1.5: an IoU lies in [0, 1]" in capsys.readouterr().err

@@ -45,6 +45,7 @@ from yolo3.cli import (
 )
 from yolo3.data.image import IMAGE_SUFFIXES, load_rgb
 from yolo3.inference.detect import draw_detections
+from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
 from yolo3.inference.runtime import load_detector
 from yolo3.model.resources import DARKNET_INPUT_SIZE, model_data_file, shipped_anchors
 
@@ -89,7 +90,9 @@ def build_parser():
     )
     add_detector_arguments(parser)
     parser.add_argument("--score", type=float, help="score threshold (default 0.3)")
-    parser.add_argument("--iou", type=float, help="NMS IoU threshold (default 0.45)")
+    parser.add_argument(
+        "--iou", type=float, help=f"NMS IoU threshold (default {NMS_IOU_THRESHOLD})"
+    )
     parser.add_argument("--max-detections", type=int, help="per image (default 100)")
     parser.add_argument(
         "--output", type=output_folder, required=True, help="folder for annotated files and JSON"
@@ -282,7 +285,7 @@ def open_detector(args):
         source,
         **weights_settings(args),
         score_threshold=0.3 if args.score is None else args.score,
-        iou_threshold=0.45 if args.iou is None else args.iou,
+        iou_threshold=NMS_IOU_THRESHOLD if args.iou is None else args.iou,
         max_detections=args.max_detections or 100,
         fallbacks=FALLBACKS,
         log=lambda line: print(line, file=sys.stderr),

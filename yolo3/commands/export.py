@@ -34,6 +34,7 @@ FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
 
 def build_parser():
+    from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD  # noqa: PLC0415
     from yolo3.inference.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
 
     parser = ArgumentParser(description="Export weights as a SavedModel, ONNX or TFLite detector.")
@@ -52,7 +53,7 @@ def build_parser():
     )
     add_detector_arguments(parser)
     parser.add_argument("--score", type=float, default=0.3, help="score threshold")
-    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
+    parser.add_argument("--iou", type=float, default=NMS_IOU_THRESHOLD, help="NMS IoU threshold")
     parser.add_argument("--max-detections", type=int, default=100, help="per image")
     parser.add_argument(
         "--raw", action="store_true", help="export the bare heads (no decoding, no NMS)"

@@ -30,6 +30,7 @@ from yolo3.evaluation import plots
 from yolo3.evaluation.confusion import ConfusionMatrix
 from yolo3.fileio import atomic_write
 from yolo3.inference.detect import Detector
+from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
 
 # Detections kept per image and the lowest score considered: mAP integrates precision over
 # all recall levels, so low-scoring detections count (COCO and VOC practice).
@@ -105,7 +106,9 @@ def source_classes(source, classes_path=None):
     return read_classes(classes_path)
 
 
-def evaluate_model(model, source, *, head, resampling="bicubic", **options):
+def evaluate_model(
+    model, source, *, head, resampling="bicubic", iou_threshold=NMS_IOU_THRESHOLD, **options
+):
     """Detects with a Keras model on every image of ``source`` and scores the detections.
 
     Args:
@@ -117,13 +120,16 @@ def evaluate_model(model, source, *, head, resampling="bicubic", **options):
             head's.
         resampling: how images are letterboxed (see :class:`yolo3.inference.detect.Detector`); a
             record set's images are already at the input size.
+        iou_threshold: the NMS IoU threshold of the detections scored.
         **options: :func:`evaluate_detector`'s keywords.
     """
-    detector, source = model_detector(model, source, head=head, resampling=resampling)
+    detector, source = model_detector(
+        model, source, head=head, resampling=resampling, iou_threshold=iou_threshold
+    )
     return evaluate_detector(detector, source, **options)
 
 
-def model_detector(model, source, *, head, resampling="bicubic"):
+def model_detector(model, source, *, head, resampling="bicubic", iou_threshold=NMS_IOU_THRESHOLD):
     """``(detector, source)``: :func:`evaluate_model`'s detector of ``model`` for ``source``
     (a record set opened once), for scoring the same model again and again without building
     and tracing a detector each time (the training's AP pass): the detector reads the
@@ -138,6 +144,7 @@ def model_detector(model, source, *, head, resampling="bicubic"):
         head,
         input_size=input_hw,
         score_threshold=MAP_SCORE_THRESHOLD,
+        iou_threshold=iou_threshold,
         max_detections=MAP_MAX_DETECTIONS,
         resampling=resampling,
     )
@@ -223,6 +230,7 @@ def evaluate_coco_json(
     *,
     head,
     resampling="bicubic",
+    iou_threshold=NMS_IOU_THRESHOLD,
     batch_size=16,
     limit=None,
     progress=None,
@@ -241,6 +249,7 @@ def evaluate_coco_json(
             are matched to the file's categories.
         annotation_file: e.g. ``instances_val2017.json``.
         images_dir: the folder its ``file_name`` entries are in.
+        iou_threshold: the NMS IoU threshold of the detections scored.
         limit: only the first ``limit`` images in order of id (and only they are scored).
         data: the file's contents when already read (:func:`read_coco_file`).
 
@@ -264,6 +273,7 @@ def evaluate_coco_json(
         model,
         head,
         score_threshold=MAP_SCORE_THRESHOLD,
+        iou_threshold=iou_threshold,
         max_detections=MAP_MAX_DETECTIONS,
         resampling=resampling,
     )

@@ -18,7 +18,7 @@ from yolo3 import drawing
 from yolo3.checkpoint import weights as weights_io
 from yolo3.data.image import letterbox_darknet, letterbox_image, to_rgb
 from yolo3.drawing import class_colors
-from yolo3.inference.detector_spec import DetectorSpec, spec_for_weights
+from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD, DetectorSpec, spec_for_weights
 from yolo3.inference.postprocess import postprocess
 from yolo3.model.network import build_head_model, head_layer_names
 from yolo3.model.resources import DARKNET_INPUT_SIZE
@@ -63,7 +63,7 @@ class Detector:
         *,
         input_size=None,
         score_threshold=0.3,
-        iou_threshold=0.45,
+        iou_threshold=NMS_IOU_THRESHOLD,
         max_detections=100,
         resampling=None,
         head_overrides=None,
@@ -105,7 +105,7 @@ class Detector:
         *,
         input_size=None,
         score_threshold=0.3,
-        iou_threshold=0.45,
+        iou_threshold=NMS_IOU_THRESHOLD,
         max_detections=100,
         resampling="bicubic",
     ):

@@ -14,6 +14,10 @@ from yolo3.model.head import HeadSpec
 # keys (as :meth:`HeadSpec.to_metadata` names them) and the detector's own, each key added
 # later at the end. An artifact from before a key reads as its old meaning
 # (:meth:`HeadSpec.from_metadata`).
+# The NMS IoU threshold of every detector and of the mAP passes unless one is given: a box is
+# suppressed by a higher-scoring box of its class that overlaps it more (Darknet's nms=.45).
+NMS_IOU_THRESHOLD = 0.45
+
 JSON_KEYS = (
     "model_type",
     "classes",
@@ -43,7 +47,7 @@ class DetectorSpec:
     head: HeadSpec
     resampling: str = "bicubic"
     score_threshold: float = 0.3
-    iou_threshold: float = 0.45
+    iou_threshold: float = NMS_IOU_THRESHOLD
     max_detections: int = 100
 
     def __post_init__(self):
@@ -91,7 +95,7 @@ def spec_for_weights(
     head_overrides=None,
     resampling=None,
     score_threshold=0.3,
-    iou_threshold=0.45,
+    iou_threshold=NMS_IOU_THRESHOLD,
     max_detections=100,
     class_names=None,
     fallbacks=None,

@@ -11,6 +11,7 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 
 import tensorflow as tf
 
+from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
 from yolo3.model.loss import cell_offsets
 
 
@@ -126,7 +127,9 @@ def undo_letterbox(boxes, image_hw, input_hw):
     return tf.clip_by_value((boxes - offset) / scale, 0.0, upper)
 
 
-def batched_nms(boxes, scores, *, score_threshold=0.3, iou_threshold=0.45, max_detections=100):
+def batched_nms(
+    boxes, scores, *, score_threshold=0.3, iou_threshold=NMS_IOU_THRESHOLD, max_detections=100
+):
     """Class-wise non-maximum suppression for a batch, with padded outputs.
 
     Args:
@@ -170,7 +173,7 @@ def postprocess(
     input_hw,
     *,
     score_threshold=0.3,
-    iou_threshold=0.45,
+    iou_threshold=NMS_IOU_THRESHOLD,
     max_detections=100,
 ):
     """Raw heads of a letterboxed batch -> detections in each image's original pixels.
