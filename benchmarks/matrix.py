@@ -21,7 +21,10 @@ A run's ``train_seconds`` is its epochs' wall time as each side counts it (ours:
 of ``history.jsonl``; the peer: its ``train()``), each with its validation pass;
 ``process_seconds`` the whole process, start-up and last report included. Results are
 written to ``WORK/matrix.json`` after every run; run again, the runs it holds are
-kept and only the missing ones made (a stopped benchmark resumes). Training wall times
+kept and only the missing ones made (a stopped benchmark resumes). With ``rescore``
+(``--rescore``) nothing trains: the runs it holds are scored again by today's scoring code
+from what their folders keep (our last weights, the peer's detections), their training
+figures kept. Training wall times
 compare only between runs made side by side on an otherwise idle machine; the AP figures do
 not depend on the load.
 """
@@ -39,11 +42,13 @@ from benchmarks.recipe import (
     METRICS,
     RecipeConfig,
     check_exit,
+    data_folder,
     evaluate_run,
     prepare,
     side_by_side,
     yolo3_process,
 )
+from yolo3.evaluation.metrics import AP_BY_IOU
 
 SIDES = ("ours", "peer", "ours-at-peer-time")
 # The cap of a run fitted to the peer's time: its epochs are as many as that time holds.
@@ -63,6 +68,7 @@ class MatrixConfig:
     val_images: int = 300
     flags: tuple = ()
     cores: tuple = (0,)
+    rescore: bool = False
 
     def __post_init__(self):
         unknown = sorted(set(self.sides) - set(SIDES))
@@ -143,17 +149,26 @@ def phases(jobs):
     return [[job for job in jobs if job not in timed], timed]
 
 
+def run_folder(config, cell, side, seed):
+    """Where a run of ``cell`` keeps its weights (ours) or detections (the peer)."""
+    return Path(config.cell_task(cell).work) / "runs" / f"{side}-seed{seed}"
+
+
 def run_matrix(config, command=None, log=print):
-    """Makes every missing run of the matrix; the result dict (see :func:`summarize`)."""
+    """Makes every missing run of the matrix (with ``rescore``, scores the runs made again
+    instead); the result dict (see :func:`summarize`)."""
     work = Path(config.work)
     work.mkdir(parents=True, exist_ok=True)
     results = Results(work / "matrix.json")
+    if config.rescore:
+        rescore(config, results, log)
+        return summarize(config, results, command)
     jobs = plan(config, results)
     data = {cell: prepare(config.cell_task(cell)) for cell in {job[0] for job in jobs}}
     peers = {}
 
     def folder(cell, side, seed):
-        return Path(config.cell_task(cell).work) / "runs" / f"{side}-seed{seed}"
+        return run_folder(config, cell, side, seed)
 
     def start(job, core):
         cell, side, seed = job
@@ -198,13 +213,45 @@ def run_matrix(config, command=None, log=print):
                "train_seconds": seconds, "process_seconds": process_seconds, "epochs": epochs,
                **figures}  # fmt: skip
         results.add(run)
-        log(f"{cell[0]} px, {cell[1]} images, {side}, seed {seed}: "
-            + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
+        log(f"{_run_name(run)}: " + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
             + f"; {epochs} epochs in {seconds:.0f} s")  # fmt: skip
 
     for phase in phases(jobs):
         side_by_side(phase, config.cores, start, finish)
     return summarize(config, results, command)
+
+
+def rescore(config, results, log=print):
+    """Scores every run of ``config``'s cells, sides and seeds in ``results`` again, from its
+    folder (:func:`run_folder`), on the first of ``config.cores``; each is written back with
+    its training figures as they were. A run whose folder no longer holds what it is scored
+    from is named and left as it is."""
+    for key in sorted(results.runs):
+        size, count, side, seed = key
+        cell = (size, count)
+        if cell not in config.cells() or side not in config.sides or seed not in config.seeds:
+            continue
+        run, folder = results.runs[key], run_folder(config, cell, side, seed)
+        annotations = data_folder(config.cell_task(cell))
+        kept = folder / ("detections.json" if side == "peer" else "checkpoints/last.weights.h5")
+        if not kept.exists():
+            log(f"{_run_name(run)}: not scored again, {kept} is gone")
+            continue
+        if side == "peer":
+            figures = peer.score_detections(
+                kept, annotations / "val.txt", annotations / "classes.txt"
+            )
+        else:
+            figures = evaluate_run(folder, annotations, config.cores[0])
+        results.add({**run, **figures})
+        changes = (f"{name} {run[name]:.3f} -> {figures[name]:.3f}" for name in METRICS)
+        log(f"{_run_name(run)}: scored again, " + ", ".join(changes))
+
+
+def _run_name(run):
+    return (
+        f"{run['input_size']} px, {run['train_images']} images, {run['side']}, seed {run['seed']}"
+    )
 
 
 def _trained(run_dir):
@@ -232,6 +279,7 @@ def summarize(config, results, command=None):
                 values = [run[key] for run in own if run.get(key) is not None]
                 row[key] = statistics.fmean(values) if values else None
                 row[f"{key}_half_range"] = (max(values) - min(values)) / 2 if values else None
+            row[AP_BY_IOU] = _mean_by_iou([run.get(AP_BY_IOU) for run in own])
             cells.append(row)
     return {
         "command": command,
@@ -239,6 +287,13 @@ def summarize(config, results, command=None):
         "runs": sorted(results.runs.values(), key=run_key),
         "cells": cells,
     }
+
+
+def _mean_by_iou(per_run):
+    """The mean over seeds of each IoU threshold's AP; None unless every run has them all."""
+    if not per_run or any(not by_iou or None in by_iou.values() for by_iou in per_run):
+        return None
+    return {t: statistics.fmean(by_iou[t] for by_iou in per_run) for t in per_run[0]}
 
 
 def format_matrix(result):

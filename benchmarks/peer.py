@@ -178,9 +178,10 @@ def start_training(dataset, output, *, imgsz, epochs, batch=16, seed=0, core=Non
 
 def score_detections(detections_path, val_annotations, classes_path):
     """Scores ``peer_train.py``'s ``detections.json`` against ``val_annotations`` with our code:
-    ``{AP, AP50, AP75, mAP50}`` (pycocotools' COCO AP, AP50, AP75 through
-    :func:`~yolo3.evaluation.metrics.evaluate_coco`; all-point VOC mAP@0.5 through
-    :func:`~yolo3.evaluation.metrics.evaluate_voc`), as :func:`benchmarks.recipe.score` reads them.
+    ``{AP, AP50, AP75, mAP50, AP_by_iou}`` (pycocotools' COCO AP, AP50, AP75 and AP at each
+    IoU threshold through :func:`~yolo3.evaluation.metrics.evaluate_coco`; all-point VOC
+    mAP@0.5 through :func:`~yolo3.evaluation.metrics.evaluate_voc`), as
+    :func:`benchmarks.recipe.score` reads them.
 
     The file's images must be exactly the validation images :func:`read_split` keeps (matched
     by resolved path): a missing or extra image is a ValueError, since either would change the
@@ -214,4 +215,5 @@ def score_detections(detections_path, val_annotations, classes_path):
     coco = metrics.evaluate_coco(truths, detections, num_classes=num_classes,
                                  class_names=class_names)  # fmt: skip
     voc = metrics.evaluate_voc(truths, detections, num_classes=num_classes)
-    return {"AP": coco["AP"], "AP50": coco["AP50"], "AP75": coco["AP75"], "mAP50": voc.mean_ap}
+    return {"AP": coco["AP"], "AP50": coco["AP50"], "AP75": coco["AP75"], "mAP50": voc.mean_ap,
+            metrics.AP_BY_IOU: coco[metrics.AP_BY_IOU]}  # fmt: skip

@@ -106,10 +106,15 @@ def check_exit(process, what, timeout):
         raise RuntimeError(f"{what} failed (exit status {process.returncode})")
 
 
+def data_folder(config):
+    """The folder of ``config``'s annotation files (train.txt, val.txt, classes.txt)."""
+    return Path(config.work) / "data"
+
+
 def prepare(config):
     """The demo's data, anchors and record set in ``config.work``, made once."""
     work = Path(config.work)
-    data, records = work / "data", work / "records"
+    data, records = data_folder(config), work / "records"
     size = str(config.input_size)
     steps = [
         ("data", data / "val.txt", ("make-demo-dataset", "--output", data, "--train",
@@ -130,7 +135,7 @@ def prepare(config):
 
 def evaluate_run(run_dir, data, core=None):
     """Scores ``run_dir``'s ``last.weights.h5`` with ``yolo3 evaluate`` on the original
-    validation images: ``{AP, AP50, AP75, mAP50}``."""
+    validation images: :func:`score`'s figures."""
     evaluate = ("evaluate", "--weights", run_dir / "checkpoints" / "last.weights.h5",
                 "--annotations", data / "val.txt", "--output", run_dir / "eval",
                 "--gallery", 0, "--progress", "off")  # fmt: skip
@@ -139,6 +144,9 @@ def evaluate_run(run_dir, data, core=None):
 
 
 def score(run_dir):
+    """``{AP, AP50, AP75, mAP50, AP_by_iou}`` of ``yolo3 evaluate``'s report in ``run_dir``."""
+    from yolo3.evaluation.metrics import AP_BY_IOU  # noqa: PLC0415 - pycocotools, when scoring
+
     metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
     coco = metrics.get("coco") or {}
     return {
@@ -146,6 +154,7 @@ def score(run_dir):
         "AP50": coco.get("AP50"),
         "AP75": coco.get("AP75"),
         "mAP50": metrics["voc"]["mAP"],
+        AP_BY_IOU: coco.get(AP_BY_IOU),
     }
 
 

@@ -322,6 +322,24 @@ def test_coco_one_class_missed_halves_ap50():
     assert metrics["AP"] == pytest.approx(0.5)
 
 
+def test_coco_ap_at_each_iou_threshold_is_one_up_to_the_boxes_iou_and_zero_beyond():
+    # One box of class 0, found as [0,0,10,8.2]: IoU 82/100 = 0.82 (by hand), a match at the
+    # thresholds 0.50-0.80 and none at 0.85-0.95; class 1 has no ground truth (left out).
+    # AP is their mean: 7/10.
+    ground_truth = [truth([[0, 0, 10, 10]], [0], image_hw=(50, 50))]
+    detections = [found([[0, 0, 10, 8.2], [20, 20, 30, 30]], [0.9, 0.8], [0, 1])]
+    metrics = evaluate_coco(ground_truth, detections, num_classes=2)
+    by_iou = metrics[evaluate.AP_BY_IOU]
+    assert list(by_iou) == [f"{t:.2f}" for t in np.arange(50, 96, 5) / 100]
+    assert [by_iou[t] for t in by_iou] == pytest.approx([1.0] * 7 + [0.0] * 3)
+    assert metrics["AP"] == pytest.approx(0.7)
+    assert metrics["AP75"] == by_iou["0.75"] and metrics["AP50"] == by_iou["0.50"]
+    written = evaluate.result_to_json(
+        evaluate_voc(ground_truth, detections, num_classes=2), ["a", "b"], coco_metrics=metrics
+    )
+    assert json.loads(json.dumps(written))["coco"][evaluate.AP_BY_IOU]["0.85"] == 0.0
+
+
 def test_coco_area_ranges():
     # Areas 20^2 = 400 (small, < 32^2), 50^2 = 2500 (medium), 120^2 = 14400 (large, >= 96^2).
     small, medium, large = [0, 0, 20, 20], [30, 0, 80, 50], [0, 60, 120, 180]

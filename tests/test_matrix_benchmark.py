@@ -4,8 +4,19 @@ runs it plans, what it keeps between invocations, and the table it prints."""
 import json
 
 import pytest
+from PIL import Image
 
-from benchmarks.matrix import MatrixConfig, Results, format_matrix, phases, plan, summarize
+from benchmarks.matrix import (
+    MatrixConfig,
+    Results,
+    format_matrix,
+    phases,
+    plan,
+    run_folder,
+    run_matrix,
+    summarize,
+)
+from yolo3.evaluation.metrics import AP_BY_IOU
 
 
 def figures(ap, seconds, epochs=6):
@@ -85,3 +96,37 @@ def test_summary_means_over_seeds_and_table(tmp_path):
         "| 96 px | 100 | 0.620 ± 0.020 | 0.920 | 6.0 | 40 | 0.560 ± 0.010 | 0.860 | 6.0 | 62 "
         "| +0.060 |"
     )
+
+
+def test_rescore_scores_kept_runs_again_and_names_the_ones_it_cannot(tmp_path):
+    """A peer run's detections, here its validation boxes themselves, scored again: AP 1 at
+    every IoU threshold, its training figures as they were; our run's folder is gone, so it
+    is named and kept as it was. Nothing trains."""
+    config = MatrixConfig(work=str(tmp_path), input_sizes=(96,), train_images=(100,),
+                          seeds=(0,), rescore=True)  # fmt: skip
+    data = tmp_path / "s96-n100" / "data"
+    data.mkdir(parents=True)
+    boxes = {"a.png": [[4, 6, 30, 40, 0]], "b.png": [[10, 10, 50, 30, 1], [60, 5, 90, 45, 0]]}
+    lines, images = [], []
+    for name, rows in boxes.items():
+        Image.new("RGB", (96, 64), (90, 90, 90)).save(data / name)
+        lines.append(" ".join([str(data / name)] + [",".join(map(str, row)) for row in rows]))
+        found = {"boxes": [row[:4] for row in rows], "classes": [row[4] for row in rows]}
+        images.append({"path": str(data / name), "scores": [0.9] * len(rows), **found})
+    (data / "val.txt").write_text("\n".join(lines) + "\n")
+    (data / "classes.txt").write_text("square\ncircle\n")
+    peer_dir = run_folder(config, (96, 100), "peer", 0)
+    peer_dir.mkdir(parents=True)
+    (peer_dir / "detections.json").write_text(json.dumps({"images": images}))
+    results = Results(tmp_path / "matrix.json")
+    results.add(run(96, 100, "peer", 0, 0.4, 60.0))
+    results.add(run(96, 100, "ours", 0, 0.5, 40.0))
+    logged = []
+    summary = run_matrix(config, log=logged.append)
+    runs = {run["side"]: run for run in json.loads((tmp_path / "matrix.json").read_text())["runs"]}
+    assert runs["peer"]["AP"] == pytest.approx(1.0) and runs["peer"]["train_seconds"] == 60.0
+    assert list(runs["peer"][AP_BY_IOU].values()) == pytest.approx([1.0] * 10)
+    assert runs["ours"]["AP"] == 0.5 and AP_BY_IOU not in runs["ours"]
+    assert any("ours, seed 0: not scored again" in line for line in logged)
+    peer_row = next(row for row in summary["cells"] if row["side"] == "peer")
+    assert peer_row[AP_BY_IOU]["0.95"] == pytest.approx(1.0)

@@ -102,7 +102,9 @@ def test_scores_the_ground_truth_perfectly(data, tmp_path):
     scored = peer.score_detections(
         tmp_path / "detections.json", data / "val.txt", data / "classes.txt"
     )
+    by_iou = scored.pop(metrics.AP_BY_IOU)
     assert scored == pytest.approx({"AP": 1.0, "AP50": 1.0, "AP75": 1.0, "mAP50": 1.0})
+    assert list(by_iou.values()) == pytest.approx([1.0] * 10)
 
 
 def test_shifted_boxes_score_as_evaluate_coco_scores_them(data, tmp_path):
@@ -114,7 +116,9 @@ def test_shifted_boxes_score_as_evaluate_coco_scores_them(data, tmp_path):
     )
     # Every box moved by a tenth of its width: IoU = 0.9 / 1.1 = 0.818, a match at the IoU
     # thresholds 0.50 ... 0.80 (7 of 10) and none above, so AP = 0.7; AP75 and mAP@0.5 stay 1.
+    by_iou = scored.pop(metrics.AP_BY_IOU)
     assert scored == pytest.approx({"AP": 0.7, "AP50": 1.0, "AP75": 1.0, "mAP50": 1.0})
+    assert list(by_iou.values()) == pytest.approx([1.0] * 7 + [0.0] * 3)
     truths = [
         {"boxes": np.reshape(b, (-1, 4)), "classes": np.asarray(c, int),
          "difficult": np.asarray(d, bool), "image_hw": hw}

@@ -563,6 +563,12 @@ def _add_matrix(subparsers):
     parser.add_argument(
         "--cores", type=int, nargs="+", default=defaults.cores, help="cores, one run each"
     )
+    parser.add_argument(
+        "--rescore",
+        action="store_true",
+        help="train nothing: score the runs WORK/matrix.json holds again, from their folders "
+        "(after a change to the scoring)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also save the figures as JSON")
     parser.set_defaults(handler=_run_matrix)
 

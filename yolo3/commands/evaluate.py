@@ -85,6 +85,7 @@ from yolo3.data import formats, records
 from yolo3.data.annotations import format_line, write_annotations
 from yolo3.data.limits import excerpt
 from yolo3.evaluation import validate
+from yolo3.evaluation.metrics import AP_BY_IOU, COCO_METRICS
 from yolo3.fileio import atomic_write
 from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD, load_keras_model, spec_for_weights
 from yolo3.inference.runtime import load_detector
@@ -396,12 +397,19 @@ def _report(args, evaluation, output, log):
     table = validate.write_report(evaluation, output, gallery=args.gallery > 0)
     log(table)
     if evaluation.coco:
-        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
-        log("COCO " + "  ".join(f"{n} {_figure(evaluation.coco.get(n))}" for n in names))
+        _log_coco(evaluation.coco, log)
     for message in evaluation.skipped:
         log(f"skipped: {message}")
     log(f"{evaluation.num_images} images; report in {output}")
     return evaluation
+
+
+def _log_coco(metrics, log):
+    """The COCO headline figures, then AP at each IoU threshold (how tight the boxes are)."""
+    log("COCO " + "  ".join(f"{name} {_figure(metrics.get(name))}" for name in COCO_METRICS[:6]))
+    by_iou = metrics.get(AP_BY_IOU) or {}
+    if by_iou:
+        log("COCO AP at IoU " + "  ".join(f"{t} {_figure(ap)}" for t, ap in by_iou.items()))
 
 
 def _figure(value):
@@ -508,8 +516,6 @@ def _track(tracked, output, weights, engine, *, evaluation=None, figures=None):
 
 def coco_json(args, log=print, tracked=None):
     """``--coco-json``: detection on the original images, scored by pycocotools."""
-    from yolo3.evaluation import metrics as evaluate  # noqa: PLC0415
-
     if not args.images:
         raise ValueError("--coco-json needs --images, the folder of the annotation file's images")
     data = validate.read_coco_file(args.coco_json)  # read once, handed on
@@ -545,11 +551,10 @@ def coco_json(args, log=print, tracked=None):
     if metrics is None:
         log(f"{args.coco_json} has no annotations: detections written, not scored")
     else:
-        names = evaluate.COCO_METRICS[:6]
-        log("COCO " + "  ".join(f"{name} {_figure(metrics[name])}" for name in names))
+        _log_coco(metrics, log)
         for note in metrics["notes"]:
             log(f"note: {note}")
-        figures = {f"coco_{name}": metrics[name] for name in evaluate.COCO_METRICS}
+        figures = {f"coco_{name}": metrics[name] for name in COCO_METRICS}
         _track(tracked, output, args.weights, "keras", figures=figures)
     log(f"{num_images} images, {len(results)} detections; results in {output}")
     return 0

@@ -41,6 +41,11 @@ COCO_METRICS = tuple(
     "AP AP50 AP75 AP_small AP_medium AP_large AR1 AR10 AR100 AR_small AR_medium AR_large".split()
 )
 
+# score_coco's key for AP at each of COCOeval's ten IoU thresholds (all areas, 100 detections
+# an image): {"0.50": AP, ..., "0.95": AP}, the figures AP averages. Where a detector's AP
+# falls off says how tight its boxes are: at 0.90 and 0.95 an edge a pixel or two off fails.
+AP_BY_IOU = "AP_by_iou"
+
 NO_GROUND_TRUTH_NOTE = "AP n/a: the class has no (non-difficult) ground truth; excluded from mAP"
 
 
@@ -281,10 +286,7 @@ def result_to_json(result, class_names, coco_metrics=None):
         }
     }
     if coco_metrics is not None:
-        output["coco"] = {
-            key: (list(value) if key == "notes" else _json_float(value))
-            for key, value in coco_metrics.items()
-        }
+        output["coco"] = {key: _json_value(key, value) for key, value in coco_metrics.items()}
     return output
 
 
@@ -412,8 +414,23 @@ def score_coco(coco_truth, results, *, image_ids=None, verbose=False):
         name: float(value) if value > -1 else float("nan")
         for name, value in zip(COCO_METRICS, evaluator.stats)
     }
+    metrics[AP_BY_IOU] = _ap_by_iou(evaluator)
     metrics["notes"] = notes
     return metrics
+
+
+def _ap_by_iou(evaluator):
+    """``{"0.50": AP, ...}``: COCOeval's precision at each IoU threshold, averaged over recall
+    levels and classes as its summary averages it (cells of classes without ground truth,
+    -1, left out; NaN where none is left), for all areas at 100 detections an image."""
+    area = evaluator.params.areaRngLbl.index("all")
+    detections = evaluator.params.maxDets.index(100)
+    precision = evaluator.eval["precision"][:, :, :, area, detections]
+    by_iou = {}
+    for threshold, values in zip(evaluator.params.iouThrs, precision):
+        defined = values[values > -1]
+        by_iou[f"{threshold:.2f}"] = float(defined.mean()) if defined.size else float("nan")
+    return by_iou
 
 
 def coco_category_ids(categories, class_names):
@@ -571,6 +588,15 @@ def _area(box):
 
 def _format_ap(value):
     return f"{value:.3f}" if np.isfinite(value) else "n/a"
+
+
+def _json_value(key, value):
+    """A value of :func:`score_coco`'s dict, JSON-ready (NaN as None)."""
+    if key == "notes":
+        return list(value)
+    if key == AP_BY_IOU:
+        return {threshold: _json_float(ap) for threshold, ap in value.items()}
+    return _json_float(value)
 
 
 def _json_float(value):
