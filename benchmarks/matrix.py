@@ -224,8 +224,9 @@ def run_matrix(config, command=None, log=print):
 def rescore(config, results, log=print):
     """Scores every run of ``config``'s cells, sides and seeds in ``results`` again, from its
     folder (:func:`run_folder`), on the first of ``config.cores``; each is written back with
-    its training figures as they were. A run whose folder no longer holds what it is scored
-    from is named and left as it is."""
+    its training figures as they were. A run whose folder no longer holds it (what it is
+    scored from is gone, or another run, one stopped say, took the folder: its epochs and
+    seconds differ from the record's) is named and left as it is."""
     for key in sorted(results.runs):
         size, count, side, seed = key
         cell = (size, count)
@@ -237,6 +238,12 @@ def rescore(config, results, log=print):
         if not kept.exists():
             log(f"{_run_name(run)}: not scored again, {kept} is gone")
             continue
+        held = _held_run(folder, side)
+        if held != (run["epochs"], run["train_seconds"]):
+            log(f"{_run_name(run)}: not scored again, {folder} holds another run "
+                f"({held[0]} epochs in {held[1]:.1f} s; the record: {run['epochs']} in "
+                f"{run['train_seconds']:.1f} s)")  # fmt: skip
+            continue
         if side == "peer":
             figures = peer.score_detections(
                 kept, annotations / "val.txt", annotations / "classes.txt"
@@ -246,6 +253,18 @@ def rescore(config, results, log=print):
         results.add({**run, **figures})
         changes = (f"{name} {run[name]:.3f} -> {figures[name]:.3f}" for name in METRICS)
         log(f"{_run_name(run)}: scored again, " + ", ".join(changes))
+
+
+def _held_run(folder, side):
+    """``(epochs, training seconds)`` of the run ``folder`` holds, as :func:`run_matrix`
+    recorded them when it ended; ``(0, 0.0)`` when its record of them is gone."""
+    if side == "peer":
+        report = json.loads((folder / "detections.json").read_text())
+        return report["epochs"], report["train_seconds"]
+    try:
+        return _trained(folder)
+    except (OSError, IndexError, ValueError):  # no history, an empty one, a line cut short
+        return 0, 0.0
 
 
 def _run_name(run):

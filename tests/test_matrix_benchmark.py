@@ -100,10 +100,11 @@ def test_summary_means_over_seeds_and_table(tmp_path):
 
 def test_rescore_scores_kept_runs_again_and_names_the_ones_it_cannot(tmp_path):
     """A peer run's detections, here its validation boxes themselves, scored again: AP 1 at
-    every IoU threshold, its training figures as they were; our run's folder is gone, so it
-    is named and kept as it was. Nothing trains."""
+    every IoU threshold, its training figures as they were. Our run's folder is gone, and
+    the peer's seed-1 folder holds another run than the one recorded (a run stopped after
+    it took the folder): both are named and kept as they were. Nothing trains."""
     config = MatrixConfig(work=str(tmp_path), input_sizes=(96,), train_images=(100,),
-                          seeds=(0,), rescore=True)  # fmt: skip
+                          seeds=(0, 1), rescore=True)  # fmt: skip
     data = tmp_path / "s96-n100" / "data"
     data.mkdir(parents=True)
     boxes = {"a.png": [[4, 6, 30, 40, 0]], "b.png": [[10, 10, 50, 30, 1], [60, 5, 90, 45, 0]]}
@@ -115,18 +116,30 @@ def test_rescore_scores_kept_runs_again_and_names_the_ones_it_cannot(tmp_path):
         images.append({"path": str(data / name), "scores": [0.9] * len(rows), **found})
     (data / "val.txt").write_text("\n".join(lines) + "\n")
     (data / "classes.txt").write_text("square\ncircle\n")
-    peer_dir = run_folder(config, (96, 100), "peer", 0)
-    peer_dir.mkdir(parents=True)
-    (peer_dir / "detections.json").write_text(json.dumps({"images": images}))
+    for seed, seconds in ((0, 60.0), (1, 12.5)):
+        peer_dir = run_folder(config, (96, 100), "peer", seed)
+        peer_dir.mkdir(parents=True)
+        report = {"epochs": 6, "train_seconds": seconds, "images": images}
+        (peer_dir / "detections.json").write_text(json.dumps(report))
     results = Results(tmp_path / "matrix.json")
     results.add(run(96, 100, "peer", 0, 0.4, 60.0))
+    results.add(run(96, 100, "peer", 1, 0.45, 61.0))
     results.add(run(96, 100, "ours", 0, 0.5, 40.0))
     logged = []
     summary = run_matrix(config, log=logged.append)
-    runs = {run["side"]: run for run in json.loads((tmp_path / "matrix.json").read_text())["runs"]}
-    assert runs["peer"]["AP"] == pytest.approx(1.0) and runs["peer"]["train_seconds"] == 60.0
-    assert list(runs["peer"][AP_BY_IOU].values()) == pytest.approx([1.0] * 10)
-    assert runs["ours"]["AP"] == 0.5 and AP_BY_IOU not in runs["ours"]
+    saved = json.loads((tmp_path / "matrix.json").read_text())["runs"]
+    runs = {(run["side"], run["seed"]): run for run in saved}
+    peer = runs["peer", 0]
+    assert peer["AP"] == pytest.approx(1.0) and peer["train_seconds"] == 60.0
+    assert list(peer[AP_BY_IOU].values()) == pytest.approx([1.0] * 10)
+    assert runs["peer", 1]["AP"] == 0.45 and AP_BY_IOU not in runs["peer", 1]
+    assert runs["ours", 0]["AP"] == 0.5 and AP_BY_IOU not in runs["ours", 0]
     assert any("ours, seed 0: not scored again" in line for line in logged)
+    assert any("peer, seed 1: not scored again" in line and "another run (6 epochs in 12.5 s"
+               in line for line in logged)  # fmt: skip
     peer_row = next(row for row in summary["cells"] if row["side"] == "peer")
+    assert peer_row[AP_BY_IOU] is None  # seed 1 has none: no mean of one seed
+    rescored = Results(tmp_path / "rescored.json")
+    rescored.add(peer)
+    peer_row = next(row for row in summarize(config, rescored)["cells"] if row["side"] == "peer")
     assert peer_row[AP_BY_IOU]["0.95"] == pytest.approx(1.0)
