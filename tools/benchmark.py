@@ -60,7 +60,7 @@ train`` and of Ultralytics' YOLOv3-tiny (in its own environment,
 ``benchmarks/make_peer_env.sh``) over input sizes and training-set sizes, each seed a run
 pinned to one of ``--cores``, at equal epochs, and (``--sides ours-at-peer-time``) ours at
 the peer's wall time. Results kept in ``WORK/matrix.json``; run again, only the missing
-runs are made.
+runs are made (``--rescore``: none; the runs kept are scored again).
 
 ``accuracy`` (:mod:`benchmarks.accuracy`): time to accuracy. Each setting trains the demo's
 task with ``--replicas`` replicas and the demo's global batch, once per seed, scoring
