@@ -457,8 +457,9 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     # With --weights, the defaults wait for the weights' metadata: their heads fit the data's
     # 4 classes (fine-tuning), or do not (COCO's 80: the heads start anew, as from scratch).
     weighted = TrainConfig(records="r", log_dir="l", weights="w.weights.h5")
-    unset = (weighted.lr, weighted.ignore_thresh, weighted.scale_x_y, weighted.neighbour_cells)
-    assert unset == (None, None, None, None)
+    unset = (weighted.lr, weighted.ignore_thresh, weighted.scale_x_y, weighted.neighbour_cells,
+             weighted.objectness_iou)  # fmt: skip
+    assert unset == (None, None, None, None, None)
     anchors = np.ones((6, 2), np.float32)
     four = types.SimpleNamespace(classes=("a", "b", "c", "d"))
     masks = [[3, 4, 5], [0, 1, 2]]
@@ -471,12 +472,13 @@ def test_defaults_follow_from_training_from_scratch_or_fine_tuning(record_set, t
     name, tuned, line = recipe({"num_classes": 4, "anchor_masks": masks})
     assert name == "fine-tune" and "heads fit the 4 classes" in line
     assert (tuned.lr, tuned.ignore_thresh, tuned.scale_x_y) == (1e-3, 0.7, None)  # the file's
-    assert tuned.neighbour_cells is False
+    assert tuned.neighbour_cells is False and tuned.objectness_iou == 0.0  # YOLOv3's target
     assert RECIPES["fine-tune"]["ignore_thresh"] == 0.7  # Darknet's
     name, fresh, line = recipe({"num_classes": 80, "anchor_masks": masks})
     assert name == "new-heads" and "(80 classes) do not fit the 4 classes" in line
     assert (fresh.lr, fresh.ignore_thresh, fresh.scale_x_y) == (3.2e-2, 0.5, "2")
-    assert fresh.neighbour_cells
+    assert fresh.neighbour_cells and fresh.objectness_iou == 1.0
+    assert fresh.loss_options().objectness_iou == 1.0  # what the loss is built with
     name, fresh, _ = recipe({"num_classes": 4, "anchor_masks": [[1, 2], [0, 3]]})
     assert name == "new-heads"  # 2 anchors a head against the run's 3: other channels
     name, unknown, line = recipe({})  # a Keras 2 file: as before, the fine-tuning defaults

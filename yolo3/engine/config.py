@@ -23,7 +23,13 @@ from yolo3.distributed.devices import JIT_COMPILE_CHOICES, MIXED_PRECISION_CHOIC
 from yolo3.engine import averaging
 from yolo3.engine.trainer import OPTIMIZERS
 from yolo3.flags import flag_of, setting  # noqa: F401 - flag_of: callers read it from here
-from yolo3.model.loss import DEFAULT_IOU_NORMALIZER, IGNORE_THRESH, IOU_LOSSES, LossOptions
+from yolo3.model.loss import (
+    DEFAULT_IOU_NORMALIZER,
+    IGNORE_THRESH,
+    IOU_LOSSES,
+    OBJECTNESS_IOU,
+    LossOptions,
+)
 from yolo3.model.network import BN_MOMENTUM, MODEL_TYPES
 from yolo3.model.remat import REMAT_CHOICES
 from yolo3.model.resources import parse_scale_x_y
@@ -59,13 +65,22 @@ GROUPS = {
 # loads, the heads start anew, and the values from scratch serve them: from the yolov3-tiny
 # COCO weights on the demo's task, 3 epochs, COCO AP 0.540 against 0.363 with the
 # fine-tuning values (2 seeds each; docs/benchmarks.md, "Fine-tuning from the COCO weights").
+# The objectness target from scratch is the loss's recipe (yolo3.model.loss.OBJECTNESS_IOU);
+# weights whose heads fit keep YOLOv3's target of 1, the one they were trained with.
 RECIPES = {
-    "scratch": {"lr": 3.2e-2, "ignore_thresh": 0.5, "scale_x_y": "2", "neighbour_cells": True},
+    "scratch": {
+        "lr": 3.2e-2,
+        "ignore_thresh": 0.5,
+        "scale_x_y": "2",
+        "neighbour_cells": True,
+        "objectness_iou": OBJECTNESS_IOU,
+    },
     "fine-tune": {
         "lr": 1e-3,
         "ignore_thresh": IGNORE_THRESH,
         "scale_x_y": None,
         "neighbour_cells": False,
+        "objectness_iou": 0.0,
     },
 }
 RECIPES["new-heads"] = RECIPES["scratch"]
@@ -249,12 +264,14 @@ class TrainConfig:
     label_smoothing: float = setting(
         0.0, group="model", help="class targets 1 - eps/2 and eps/2 (Darknet's label_smooth_eps)"
     )
-    objectness_iou: float = setting(
-        LossOptions.objectness_iou,
+    objectness_iou: float | None = setting(
+        None,
         group="model",
         metavar="R",
         help="objectness target of an assigned prediction 1 - R + R * (its box's IoU with the "
-        "true box), so that scores rank how well boxes fit (YOLOv5's gr); 0 is YOLOv3's 1",
+        "true box), so that scores rank how well boxes fit (YOLOv5's gr); 0 is YOLOv3's 1. "
+        f"Default: {RECIPES['scratch']['objectness_iou']:g} from scratch or where the heads of "
+        f"--weights do not fit the data, {RECIPES['fine-tune']['objectness_iou']:g} where they do",
     )
     # schedule
     epochs: int = setting(50, group="schedule")
@@ -611,14 +628,17 @@ class TrainConfig:
         return OnlineAugment(**{key: getattr(self, field) for key, field in ONLINE_FIELDS.items()})
 
     def loss_options(self):
-        """The loss's :class:`yolo3.model.loss.LossOptions` (which checks them)."""
+        """The loss's :class:`yolo3.model.loss.LossOptions` (which checks them); before
+        ``--weights`` have chosen the recipe (:meth:`with_recipe`), an unset objectness
+        target is checked as the loss's default."""
+        share = {} if self.objectness_iou is None else {"objectness_iou": self.objectness_iou}
         return LossOptions(
             iou_loss=self.iou_loss,
             iou_normalizer=self.iou_normalizer,
             obj_normalizer=self.obj_normalizer,
             cls_normalizer=self.cls_normalizer,
             label_smoothing=self.label_smoothing,
-            objectness_iou=self.objectness_iou,
+            **share,
         )
 
     def communication(self, precision=None):
