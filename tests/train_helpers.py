@@ -12,6 +12,7 @@ from yolo3.checkpoint.weights import load_weights, read_metadata, save_weights
 from yolo3.data.pipeline import make_dataset
 from yolo3.engine.trainer import YoloTrainer
 from yolo3.model.head import HeadSpec
+from yolo3.model.loss import LossOptions
 from yolo3.model.network import tiny_yolo_body
 from yolo3.model.resources import read_anchors
 
@@ -58,7 +59,8 @@ def validation_loss(weights, records, anchors):
     """The validation loss the weights file ``weights`` (tiny-YOLOv3, 2 classes) has on the
     whole val split of ``records``: the mean per-image loss over every image, in one batch,
     plus the weight decay, with the grid sensitivity the file records and the ignore
-    threshold and neighbour cells of the run's ``config.json`` (beside ``checkpoints/``).
+    threshold, neighbour cells and objectness target of the run's ``config.json`` (beside
+    ``checkpoints/``).
     What a run's validation pass must log for those weights."""
     body = tiny_yolo_body(None, 3, 2, input_shape=(SIZE, SIZE, 3))
     load_weights(body, str(weights))
@@ -80,6 +82,7 @@ def validation_loss(weights, records, anchors):
         head=head,
         ignore_thresh=run["ignore_thresh"],
         neighbour_cells=bool(run.get("neighbour_cells")),
+        loss_options=LossOptions(objectness_iou=run["objectness_iou"]),
     )
     per_image, _ = trainer.per_image_loss(images, boxes, trainer(images))
     return float(np.mean(per_image)) + float(sum(np.asarray(w) for w in body.losses))
