@@ -182,7 +182,7 @@ def _visible(parser):
 
 
 def test_shared_flags_mean_the_same_in_every_tool():
-    from yolo3.cli import output_file, output_folder
+    from yolo3.cli import THRESHOLD_FLAGS, output_file, output_folder
     from yolo3.model.network import MODEL_TYPES
     from yolo3.progress import PROGRESS_CHOICES
 
@@ -221,6 +221,9 @@ def test_shared_flags_mean_the_same_in_every_tool():
             assert tuple(action.choices) == PROGRESS_CHOICES and action.default == "auto", name
             assert isinstance(flags["--quiet"], argparse._StoreTrueAction), name
             assert flags["--quiet"].dest == "quiet", name
+        for option, (_, kind, _) in THRESHOLD_FLAGS.items():
+            if option in flags:  # the detector's thresholds: one parse, None when not given
+                assert flags[option].type is kind and flags[option].default is None, name
         if "--output" in flags:
             action = flags["--output"]
             assert action.dest == "output" and action.nargs is None, name
@@ -229,6 +232,7 @@ def test_shared_flags_mean_the_same_in_every_tool():
     assert {"train", "detect", "evaluate", "export", "convert"} <= set(seen["--model-type"])
     assert {"train", "detect", "evaluate", "export"} <= set(seen["--weights"])
     assert {"train", "evaluate", "preprocess", "demo"} <= set(seen["--progress"])
+    assert {"detect", "evaluate", "export"} <= set(seen["--iou"])
 
 
 # (parser, arguments every parse needs, old spelling, new spelling, its value or None)
@@ -336,8 +340,12 @@ def test_detect_opens_what_the_path_holds(detect_calls, flag, tmp_path, capsys):
         assert found == str(path)
         if engine == "keras":  # the flags' settings, defaults filled in
             assert settings["classes_path"] is None and settings["score_threshold"] == 0.3
-        else:  # only thresholds, which the artifact checks against its own
-            assert set(settings) == {"score_threshold", "iou_threshold", "max_detections"}
+        else:  # no threshold given: the artifact keeps its own
+            assert settings == {}
+    # A threshold given goes to the artifact, which checks it against its own.
+    argv = ["a.png", flag, str(files["onnx"]), "--output", str(tmp_path / "out")]
+    assert detect.main([*argv, "--iou", "0.6"]) == 2
+    assert calls.pop()[1] == {"iou_threshold": 0.6}
     # What an exported file fixes is refused by flag, before it is opened.
     argv = ["a.png", flag, str(files["onnx"]), "--output", str(tmp_path / "out")]
     capsys.readouterr()

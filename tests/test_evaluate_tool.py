@@ -283,4 +283,4 @@ def test_iou_flag_is_the_nms_threshold_of_the_detections_scored(tmp_path, capsys
     assert detections("--iou", "0.7") == 8
     capsys.readouterr()
     assert evaluate_tool.main([*argv, "--iou", "1.5"]) == 2
-    assert "--iou 1.5: an IoU lies in [0, 1]" in capsys.readouterr().err
+    assert "argument --iou: an IoU lies in [0, 1], not 1.5" in capsys.readouterr().err

@@ -157,6 +157,70 @@ def add_detector_arguments(parser):
     add_device_argument(parser)
 
 
+def _fraction(what):
+    def fraction(text):
+        value = float(text)
+        if not 0.0 <= value <= 1.0:  # NaN fails too
+            raise ValueError(f"{what} lies in [0, 1], not {text}")
+        return value
+
+    return argument_type(fraction)
+
+
+def _count(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"at least 1, not {text}")
+    return value
+
+
+# Threshold flag -> (the detector's keyword argument, its type=, its help).
+THRESHOLD_FLAGS = {
+    "--score": ("score_threshold", _fraction("a score"), "score threshold"),
+    "--iou": ("iou_threshold", _fraction("an IoU"), "NMS IoU threshold"),
+    "--max-detections": ("max_detections", argument_type(_count), "detections kept per image"),
+}
+
+
+def _threshold_defaults():
+    from yolo3.inference import detector_spec  # noqa: PLC0415 - the skeleton itself stays light
+
+    return {
+        "score_threshold": detector_spec.SCORE_THRESHOLD,
+        "iou_threshold": detector_spec.NMS_IOU_THRESHOLD,
+        "max_detections": detector_spec.MAX_DETECTIONS,
+    }
+
+
+def add_threshold_arguments(parser, flags=tuple(THRESHOLD_FLAGS), artifacts=True):
+    """``flags`` of :data:`THRESHOLD_FLAGS` on ``parser``, each None when not given
+    (:func:`detector_thresholds` reads them); ``artifacts``: the tool also runs exported
+    detectors, which keep the thresholds they were exported with unless one is given."""
+    defaults = _threshold_defaults()
+    note = "; an exported detector keeps its own" if artifacts else ""
+    for flag in flags:
+        keyword, kind, text = THRESHOLD_FLAGS[flag]
+        parser.add_argument(flag, type=kind, help=f"{text} (default {defaults[keyword]}{note})")
+
+
+def detector_thresholds(args, defaults=True):
+    """The detector's keyword arguments (``score_threshold``, ``iou_threshold``,
+    ``max_detections``) of the threshold flags ``args`` has: a flag not given is the
+    detector's default with ``defaults``, else left out (an exported detector keeps its own)."""
+    fallback = _threshold_defaults() if defaults else {}
+    thresholds = {}
+    for flag, (keyword, _, _) in THRESHOLD_FLAGS.items():
+        name = flag[2:].replace("-", "_")
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if value is None:
+            value = fallback.get(keyword)
+        if value is not None:
+            thresholds[keyword] = value
+    return thresholds
+
+
 def add_head_arguments(parser, source="the weights file"):
     """One flag per entry of :data:`yolo3.model.head.HEAD_FLAGS` on ``parser``; a value not
     given is what ``source`` records, else the entry's own default."""

@@ -36,7 +36,9 @@ from yolo3.cli import (
     ArgumentParser,
     add_detector_arguments,
     add_model_type_argument,
+    add_threshold_arguments,
     detector_engine,
+    detector_thresholds,
     output_folder,
     refuse_fixed_flags,
     run_main,
@@ -45,7 +47,6 @@ from yolo3.cli import (
 )
 from yolo3.data.image import IMAGE_SUFFIXES, load_rgb
 from yolo3.inference.detect import draw_detections
-from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
 from yolo3.inference.runtime import load_detector
 from yolo3.model.resources import DARKNET_INPUT_SIZE, model_data_file, shipped_anchors
 
@@ -89,11 +90,7 @@ def build_parser():
         help=f"a multiple of 32 (default: the weights' metadata, else {FALLBACKS['input_size']})",
     )
     add_detector_arguments(parser)
-    parser.add_argument("--score", type=float, help="score threshold (default 0.3)")
-    parser.add_argument(
-        "--iou", type=float, help=f"NMS IoU threshold (default {NMS_IOU_THRESHOLD})"
-    )
-    parser.add_argument("--max-detections", type=int, help="per image (default 100)")
+    add_threshold_arguments(parser)
     parser.add_argument(
         "--output", type=output_folder, required=True, help="folder for annotated files and JSON"
     )
@@ -111,9 +108,7 @@ def build_parser():
 def _check_args(parser, args):
     if args.input_size is not None and (args.input_size < 32 or args.input_size % 32):
         parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
-    if any(v is not None and not 0.0 <= v <= 1.0 for v in (args.score, args.iou)):
-        parser.error("--score and --iou must lie in [0, 1]")
-    for flag in ("max_detections", "video_stride", "batch_size"):
+    for flag in ("video_stride", "batch_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
 
@@ -275,18 +270,11 @@ def open_detector(args):
     use_device(args.device, engine)
     if engine != "keras":
         refuse_fixed_flags(args, source, engine)
-        return load_detector(
-            source,
-            score_threshold=args.score,
-            iou_threshold=args.iou,
-            max_detections=args.max_detections,
-        )
+        return load_detector(source, **detector_thresholds(args, defaults=False))
     return load_detector(
         source,
         **weights_settings(args),
-        score_threshold=0.3 if args.score is None else args.score,
-        iou_threshold=NMS_IOU_THRESHOLD if args.iou is None else args.iou,
-        max_detections=args.max_detections or 100,
+        **detector_thresholds(args),
         fallbacks=FALLBACKS,
         log=lambda line: print(line, file=sys.stderr),
     )

@@ -73,7 +73,9 @@ from yolo3.cli import (
     add_detector_arguments,
     add_model_type_argument,
     add_progress_arguments,
+    add_threshold_arguments,
     detector_engine,
+    detector_thresholds,
     output_folder,
     progress_setting,
     refuse_fixed_flags,
@@ -87,7 +89,7 @@ from yolo3.data.limits import excerpt
 from yolo3.evaluation import validate
 from yolo3.evaluation.metrics import AP_BY_IOU, COCO_METRICS
 from yolo3.fileio import atomic_write
-from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD, load_keras_model, spec_for_weights
+from yolo3.inference.detector_spec import load_keras_model, spec_for_weights
 from yolo3.inference.runtime import load_detector
 from yolo3.model.resources import DARKNET_INPUT_SIZE, read_classes
 from yolo3.progress import counter
@@ -168,12 +170,7 @@ def _add_scoring_arguments(parser):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
-    parser.add_argument(
-        "--iou",
-        type=float,
-        help=f"NMS IoU threshold of the detections scored (default {NMS_IOU_THRESHOLD}; "
-        "an exported model's own)",
-    )
+    add_threshold_arguments(parser, flags=("--iou",))
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
 
 
@@ -213,8 +210,6 @@ def _add_tracking_arguments(parser):
 
 
 def _check(parser, args):
-    if args.iou is not None and not 0.0 <= args.iou <= 1.0:
-        parser.error(f"--iou {args.iou}: an IoU lies in [0, 1]")
     if args.data_format and not args.data:
         parser.error("--data-format goes with --data")
     if not args.mlflow and (args.mlflow_run_id or args.mlflow_tracking_uri):
@@ -344,15 +339,10 @@ def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
             source.annotations if isinstance(source, DatasetSplit) else source,
             head=head,
             resampling=spec.resampling,
-            iou_threshold=_nms_iou(args),
+            **detector_thresholds(args),
             **_evaluation_options(args, bar),
         )
     return _report(args, evaluation, output, log)
-
-
-def _nms_iou(args):
-    """``--iou``, else the detectors' NMS IoU threshold."""
-    return NMS_IOU_THRESHOLD if args.iou is None else args.iou
 
 
 def _evaluation_options(args, bar):
@@ -425,7 +415,7 @@ def exported(args, engine, log=print, tracked=None):
             f"(score it with --records, --annotations or --data)"
         )
     refuse_fixed_flags(args, args.weights, engine)
-    detector = load_detector(args.weights, iou_threshold=args.iou)
+    detector = load_detector(args.weights, **detector_thresholds(args, defaults=False))
     if detector.spec.score_threshold > validate.MAP_SCORE_THRESHOLD:
         log(
             f"note: {args.weights} drops detections scoring below "
@@ -532,7 +522,7 @@ def coco_json(args, log=print, tracked=None):
             args.images,
             head=spec.head,
             resampling=spec.resampling,
-            iou_threshold=_nms_iou(args),
+            **detector_thresholds(args),
             batch_size=args.batch_size,
             limit=args.limit,
             data=data,

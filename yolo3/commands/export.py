@@ -24,7 +24,9 @@ from yolo3.cli import (
     ArgumentParser,
     add_detector_arguments,
     add_model_type_argument,
+    add_threshold_arguments,
     check_output_path,
+    detector_thresholds,
     run_main,
     use_device,
     weights_settings,
@@ -34,7 +36,6 @@ FORMAT_SUFFIX = {"onnx": ".onnx", "tflite": ".tflite"}
 
 
 def build_parser():
-    from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD  # noqa: PLC0415
     from yolo3.inference.export import FORMATS, QUANTIZATIONS  # noqa: PLC0415
 
     parser = ArgumentParser(description="Export weights as a SavedModel, ONNX or TFLite detector.")
@@ -52,9 +53,7 @@ def build_parser():
         "--input-size", type=int, help="a multiple of 32 (default: the weights' metadata)"
     )
     add_detector_arguments(parser)
-    parser.add_argument("--score", type=float, default=0.3, help="score threshold")
-    parser.add_argument("--iou", type=float, default=NMS_IOU_THRESHOLD, help="NMS IoU threshold")
-    parser.add_argument("--max-detections", type=int, default=100, help="per image")
+    add_threshold_arguments(parser, artifacts=False)
     parser.add_argument(
         "--raw", action="store_true", help="export the bare heads (no decoding, no NMS)"
     )
@@ -85,10 +84,8 @@ def _check_args(parser, args):
         parser.error(f"--output {err}")
     if args.input_size is not None and (args.input_size < 32 or args.input_size % 32):
         parser.error(f"--input-size {args.input_size} is not a positive multiple of 32")
-    if not 0.0 <= args.score <= 1.0 or not 0.0 <= args.iou <= 1.0:
-        parser.error("--score and --iou must lie in [0, 1]")
-    if args.max_detections < 1 or args.calibration_images < 1:
-        parser.error("--max-detections and --calibration-images must be at least 1")
+    if args.calibration_images < 1:
+        parser.error("--calibration-images must be at least 1")
 
 
 def _export(args):
@@ -99,9 +96,7 @@ def _export(args):
     spec = spec_for_weights(
         args.weights,
         **weights_settings(args),
-        score_threshold=args.score,
-        iou_threshold=args.iou,
-        max_detections=args.max_detections,
+        **detector_thresholds(args),
     )
     images = None
     if args.quantize == "int8":

@@ -93,7 +93,7 @@ def tour(args):
             rate = step * args.batch_size / (time.time() - start)
             print(f"step {step:4d}/{args.steps}  {values}  ({rate:.0f} images/s)", flush=True)
 
-    detector = Detector.from_model(model, head, score_threshold=0.3)
+    detector = Detector.from_model(model, head)
     start = time.time()
     detections = detector.detect(list(val_images))
     print(f"detected on {len(val_images)} held-out images in {time.time() - start:.1f} s")

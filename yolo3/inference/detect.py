@@ -18,7 +18,13 @@ from yolo3 import drawing
 from yolo3.checkpoint import weights as weights_io
 from yolo3.data.image import letterbox_darknet, letterbox_image, to_rgb
 from yolo3.drawing import class_colors
-from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD, DetectorSpec, spec_for_weights
+from yolo3.inference.detector_spec import (
+    MAX_DETECTIONS,
+    NMS_IOU_THRESHOLD,
+    SCORE_THRESHOLD,
+    DetectorSpec,
+    spec_for_weights,
+)
 from yolo3.inference.postprocess import postprocess
 from yolo3.model.network import build_head_model, head_layer_names
 from yolo3.model.resources import DARKNET_INPUT_SIZE
@@ -62,9 +68,9 @@ class Detector:
         classes_path=None,
         *,
         input_size=None,
-        score_threshold=0.3,
+        score_threshold=SCORE_THRESHOLD,
         iou_threshold=NMS_IOU_THRESHOLD,
-        max_detections=100,
+        max_detections=MAX_DETECTIONS,
         resampling=None,
         head_overrides=None,
     ):
@@ -104,9 +110,9 @@ class Detector:
         head,
         *,
         input_size=None,
-        score_threshold=0.3,
+        score_threshold=SCORE_THRESHOLD,
         iou_threshold=NMS_IOU_THRESHOLD,
-        max_detections=100,
+        max_detections=MAX_DETECTIONS,
         resampling="bicubic",
     ):
         """A detector around an already built (and loaded) Keras model.

@@ -17,6 +17,10 @@ from yolo3.model.head import HeadSpec
 # The NMS IoU threshold of every detector and of the mAP passes unless one is given: a box is
 # suppressed by a higher-scoring box of its class that overlaps it more (Darknet's nms=.45).
 NMS_IOU_THRESHOLD = 0.45
+# A detector's other thresholds unless one is given: detections scoring below SCORE_THRESHOLD
+# are dropped before NMS, and at most MAX_DETECTIONS are kept per image after it.
+SCORE_THRESHOLD = 0.3
+MAX_DETECTIONS = 100
 
 JSON_KEYS = (
     "model_type",
@@ -46,9 +50,9 @@ class DetectorSpec:
 
     head: HeadSpec
     resampling: str = "bicubic"
-    score_threshold: float = 0.3
+    score_threshold: float = SCORE_THRESHOLD
     iou_threshold: float = NMS_IOU_THRESHOLD
-    max_detections: int = 100
+    max_detections: int = MAX_DETECTIONS
 
     def __post_init__(self):
         if self.head.input_hw is None:
@@ -94,9 +98,9 @@ def spec_for_weights(
     input_size=None,
     head_overrides=None,
     resampling=None,
-    score_threshold=0.3,
+    score_threshold=SCORE_THRESHOLD,
     iou_threshold=NMS_IOU_THRESHOLD,
-    max_detections=100,
+    max_detections=MAX_DETECTIONS,
     class_names=None,
     fallbacks=None,
     log=None,

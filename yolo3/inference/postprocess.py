@@ -11,7 +11,7 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 
 import tensorflow as tf
 
-from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
+from yolo3.inference.detector_spec import MAX_DETECTIONS, NMS_IOU_THRESHOLD, SCORE_THRESHOLD
 from yolo3.model.loss import cell_offsets
 
 
@@ -128,7 +128,12 @@ def undo_letterbox(boxes, image_hw, input_hw):
 
 
 def batched_nms(
-    boxes, scores, *, score_threshold=0.3, iou_threshold=NMS_IOU_THRESHOLD, max_detections=100
+    boxes,
+    scores,
+    *,
+    score_threshold=SCORE_THRESHOLD,
+    iou_threshold=NMS_IOU_THRESHOLD,
+    max_detections=MAX_DETECTIONS,
 ):
     """Class-wise non-maximum suppression for a batch, with padded outputs.
 
@@ -172,9 +177,9 @@ def postprocess(
     image_hw,
     input_hw,
     *,
-    score_threshold=0.3,
+    score_threshold=SCORE_THRESHOLD,
     iou_threshold=NMS_IOU_THRESHOLD,
-    max_detections=100,
+    max_detections=MAX_DETECTIONS,
 ):
     """Raw heads of a letterboxed batch -> detections in each image's original pixels.
 
