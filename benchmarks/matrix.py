@@ -17,6 +17,11 @@ The sides:
   cell and seed (its epochs fitted to it, at most 100): the comparison at equal wall time.
   It needs the peer's run of that cell and seed in the results.
 
+Each run records when it ``finished`` (UTC). An equal-time run is fair only beside its
+peer's run: this machine's speed drifts by a fifth over hours (the same training at 96 px
+took 74-77 s an epoch one day and 90-93 s the next), so the two belong in one invocation,
+and the log says when the peer's run it is timed by finished.
+
 A run's ``train_seconds`` is its epochs' wall time as each side counts it (ours: the epochs
 of ``history.jsonl``; the peer: its ``train()``), each with its validation pass;
 ``process_seconds`` the whole process, start-up and last report included. Results are
@@ -34,6 +39,7 @@ import json
 import os
 import shutil
 import statistics
+import time
 from pathlib import Path
 
 from benchmarks import peer
@@ -191,6 +197,8 @@ def run_matrix(config, command=None, log=print):
         if side == "ours-at-peer-time":
             minutes = results.peer_seconds(cell, seed) / 60
             schedule = ("--epochs", TIME_EPOCH_CAP, "--time", f"{minutes:.3f}")
+            made = results.runs[(*cell, "peer", seed)].get("finished", "at a time not recorded")
+            log(f"  timed by the peer's run of {minutes:.1f} minutes, finished {made}")
         train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
                  "--seed", seed, *schedule, *BASE_FLAGS, *config.flags)  # fmt: skip
         return yolo3_process(*train, core=core, log=f"{run_dir}.log")
@@ -203,15 +211,16 @@ def run_matrix(config, command=None, log=print):
         if side == "peer":
             report = json.loads((run_dir / "detections.json").read_text())
             figures = peer.score_detections(
-                run_dir / "detections.json", annotations / "val.txt", annotations / "classes.txt"
-            )
+                run_dir / "detections.json", annotations / "val.txt",
+                annotations / "classes.txt", report,
+            )  # fmt: skip
             seconds, epochs = report["train_seconds"], report["epochs"]
         else:
             figures = evaluate_run(run_dir, annotations, core)
             epochs, seconds = _trained(run_dir)
         run = {"input_size": cell[0], "train_images": cell[1], "side": side, "seed": seed,
                "train_seconds": seconds, "process_seconds": process_seconds, "epochs": epochs,
-               **figures}  # fmt: skip
+               "finished": _utc_now(), **figures}  # fmt: skip
         results.add(run)
         log(f"{_run_name(run)}: " + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
             + f"; {epochs} epochs in {seconds:.0f} s")  # fmt: skip
@@ -238,7 +247,8 @@ def rescore(config, results, log=print):
         if not kept.exists():
             log(f"{_run_name(run)}: not scored again, {kept} is gone")
             continue
-        held = _held_run(folder, side)
+        report = json.loads(kept.read_text()) if side == "peer" else None
+        held = (report["epochs"], report["train_seconds"]) if report else _held_run(folder)
         if held != (run["epochs"], run["train_seconds"]):
             log(f"{_run_name(run)}: not scored again, {folder} holds another run "
                 f"({held[0]} epochs in {held[1]:.1f} s; the record: {run['epochs']} in "
@@ -246,7 +256,7 @@ def rescore(config, results, log=print):
             continue
         if side == "peer":
             figures = peer.score_detections(
-                kept, annotations / "val.txt", annotations / "classes.txt"
+                kept, annotations / "val.txt", annotations / "classes.txt", report
             )
         else:
             figures = evaluate_run(folder, annotations, config.cores[0])
@@ -255,16 +265,17 @@ def rescore(config, results, log=print):
         log(f"{_run_name(run)}: scored again, " + ", ".join(changes))
 
 
-def _held_run(folder, side):
-    """``(epochs, training seconds)`` of the run ``folder`` holds, as :func:`run_matrix`
+def _held_run(folder):
+    """``(epochs, training seconds)`` of our run ``folder`` holds, as :func:`run_matrix`
     recorded them when it ended; ``(0, 0.0)`` when its record of them is gone."""
-    if side == "peer":
-        report = json.loads((folder / "detections.json").read_text())
-        return report["epochs"], report["train_seconds"]
     try:
         return _trained(folder)
     except (OSError, IndexError, ValueError):  # no history, an empty one, a line cut short
         return 0, 0.0
+
+
+def _utc_now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _run_name(run):

@@ -176,14 +176,15 @@ def start_training(dataset, output, *, imgsz, epochs, batch=16, seed=0, core=Non
         )  # fmt: skip
 
 
-def score_detections(detections_path, val_annotations, classes_path):
+def score_detections(detections_path, val_annotations, classes_path, report=None):
     """Scores ``peer_train.py``'s ``detections.json`` against ``val_annotations`` with our code:
     ``{AP, AP50, AP75, mAP50, AP_by_iou}`` (pycocotools' COCO AP, AP50, AP75 and AP at each
     IoU threshold through :func:`~yolo3.evaluation.metrics.evaluate_coco`; all-point VOC
     mAP@0.5 through :func:`~yolo3.evaluation.metrics.evaluate_voc`), as
     :func:`benchmarks.recipe.score` reads them.
 
-    The file's images must be exactly the validation images :func:`read_split` keeps (matched
+    ``report``: the file's content, when the caller has read it already. The file's images
+    must be exactly the validation images :func:`read_split` keeps (matched
     by resolved path): a missing or extra image is a ValueError, since either would change the
     score without saying so.
     """
@@ -191,7 +192,7 @@ def score_detections(detections_path, val_annotations, classes_path):
     kept, _ = read_split(val_annotations, len(class_names))
     found = {
         os.path.realpath(image["path"]): image
-        for image in json.loads(Path(detections_path).read_text())["images"]
+        for image in (report or json.loads(Path(detections_path).read_text()))["images"]
     }
     truths, detections = [], []
     for entry, image_hw in kept:
