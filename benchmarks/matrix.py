@@ -18,9 +18,10 @@ The sides:
   It needs the peer's run of that cell and seed in the results.
 
 Each run records when it ``finished`` (UTC). An equal-time run is fair only beside its
-peer's run: this machine's speed drifts by a fifth over hours (the same training at 96 px
-took 74-77 s an epoch one day and 90-93 s the next), so the two belong in one invocation,
-and the log says when the peer's run it is timed by finished.
+peer's run: a shared machine's speed can drift by a fifth over hours (the same training at
+96 px took 74-77 s an epoch one evening and 90-93 s six hours later on the 2-core machine of
+the Benchmarks page), so the two belong in one invocation, and the log says when the peer's
+run it is timed by finished.
 
 A run's ``train_seconds`` is its epochs' wall time as each side counts it (ours: the epochs
 of ``history.jsonl``; the peer: its ``train()``), each with its validation pass;
