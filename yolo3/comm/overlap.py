@@ -141,8 +141,11 @@ class OverlappedSync:
         # After the T-th step a one-element chunk, written to the spare row T: the
         # collective stays (every step holds the same ones on every worker) and sends next
         # to nothing. Not an empty one: TensorFlow's CPU collectives crash the process
-        # (segmentation fault) within a few hundred all-reduces of zero elements.
-        size = tf.where(position < steps, width, 1)
+        # (segmentation fault) within a few hundred all-reduces of zero elements. With one
+        # replica nothing crosses a link, and the chunk keeps its width: a size read from
+        # ``position`` must be known when XLA compiles the step (XLA is on only with one
+        # replica), which would then compile it once for each value ``position`` takes.
+        size = width if self.state.replicas == 1 else tf.where(position < steps, width, 1)
         chunk = tf.gather(tf.identity(self.sent), tf.minimum(position, steps - 1))[:size]
         if self.state.quantized:  # packed words: their sum, decoded when all has arrived
             context = tf.distribute.get_replica_context()
