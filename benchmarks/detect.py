@@ -123,7 +123,10 @@ def prepare(model_type, config, directory, score_threshold, engines):
         weights = os.path.join(directory, f"{model_type}.weights.h5")
         image = letterbox_image(_images(config, 1)[0], (config.input_size, config.input_size))
         _untrained_weights(model_type, config.input_size, weights, config.seed, image)
-    spec = spec_for_weights(weights, input_size=config.input_size, score_threshold=score_threshold)
+    # Plain NMS everywhere: OpenCV's has no box merging, and every engine does the same work.
+    spec = spec_for_weights(
+        weights, input_size=config.input_size, score_threshold=score_threshold, box_merge=False
+    )
     model = load_keras_model(weights, spec)
     paths, seconds = {"keras": weights}, {}
     for engine in engines:

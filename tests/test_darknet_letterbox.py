@@ -99,7 +99,7 @@ def test_darknet_and_bicubic_inputs_differ_where_resampling_matters():
     assert np.abs(darknet - bicubic).max() > 0.05
 
 
-def test_detector_letterboxes_as_its_weights_ask(tmp_path):
+def test_detector_letterboxes_and_merges_boxes_as_its_weights_ask(tmp_path):
     model = tiny_model(size=64)
     ours, converted = str(tmp_path / "ours.weights.h5"), str(tmp_path / "converted.weights.h5")
     save_weights(model, ours, {"model_type": "tiny", "num_classes": 2})
@@ -116,6 +116,9 @@ def test_detector_letterboxes_as_its_weights_ask(tmp_path):
     assert detector(ours).resampling == "bicubic"
     assert detector(converted).resampling == "darknet"
     assert detector(converted, resampling="bicubic").resampling == "bicubic"
+    # Darknet's detections keep its plain NMS; weights trained here merge boxes.
+    assert detector(ours).spec.box_merge and not detector(converted).spec.box_merge
+    assert detector(converted, box_merge=True).spec.box_merge
     np.testing.assert_array_equal(
         detector(converted).letterbox(Image.fromarray(pixels)),
         letterbox_image_loops(pixels, 64, 64),

@@ -534,8 +534,8 @@ def test_spec_for_weights_takes_head_fields_given_over_the_files(described_weigh
     assert given.head == recorded.head.replace(anchor_masks=((4, 3, 5), (0, 1, 2)), scale_x_y=1.2)
 
 
-# An artifact's metadata as yolo3 export has written it since the grid sensitivity was
-# recorded (read_artifact_metadata of a tiny model exported at 128 x 96 px).
+# An artifact's metadata as yolo3 export has written it since box merging was recorded
+# (read_artifact_metadata of a tiny model exported at 128 x 96 px).
 ARTIFACT_METADATA = {
     "format": "yolo3-detector",
     "version": 1,
@@ -553,6 +553,7 @@ ARTIFACT_METADATA = {
     "iou_threshold": 0.5,
     "max_detections": 30,
     "scale_x_y": [1.1, 1.3],
+    "box_merge": True,
 }  # fmt: skip
 
 
@@ -562,13 +563,17 @@ def test_detector_spec_reads_and_writes_the_artifact_json():
     assert spec.head.anchor_masks == ((3, 4, 5), (0, 1, 2))
     assert spec.head.scale_x_y == (1.1, 1.3) and spec.resampling == "darknet"
     assert (spec.score_threshold, spec.iou_threshold, spec.max_detections) == (0.01, 0.5, 30)
+    assert spec.box_merge is True
     # The same keys in the same order, so that the JSON text of an export is unchanged.
     own = {key: value for key, value in ARTIFACT_METADATA.items() if key in spec.to_json()}
     assert json.dumps(spec.to_json()) == json.dumps(own)
-    # Exported before the grid sensitivity was recorded: YOLOv3's 1 on every level.
-    older = {key: value for key, value in ARTIFACT_METADATA.items() if key != "scale_x_y"}
+    # Exported before box merging: plain NMS, which its graph (or its runner) applies.
+    plain = {key: value for key, value in ARTIFACT_METADATA.items() if key != "box_merge"}
+    assert DetectorSpec.from_json(plain) == dataclasses.replace(spec, box_merge=False)
+    # Before the grid sensitivity was recorded too: YOLOv3's 1 on every level.
+    older = {key: value for key, value in plain.items() if key != "scale_x_y"}
     assert DetectorSpec.from_json(older) == dataclasses.replace(
-        spec, head=spec.head.replace(scale_x_y=None)
+        spec, head=spec.head.replace(scale_x_y=None), box_merge=False
     )
     assert DetectorSpec.from_json(older).head.scale_x_y == (1.0, 1.0)
 

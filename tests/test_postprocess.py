@@ -258,10 +258,60 @@ def _boxes_and_scores(rows):
 def test_nms_keeps_the_higher_scoring_of_two_overlapping_boxes_of_one_class():
     # IoU = 90 * 100 / (110 * 100) = 0.82 > 0.45.
     boxes, scores = _boxes_and_scores([([10, 0, 110, 100], 0, 0.8), ([0, 0, 100, 100], 0, 0.9)])
-    out_boxes, out_scores, out_classes, counts = batched_nms(boxes, scores)
+    out_boxes, out_scores, out_classes, counts = batched_nms(boxes, scores, box_merge=False)
     assert counts.numpy().tolist() == [1]
     np.testing.assert_allclose(out_boxes[0, 0], [0, 0, 100, 100])
     np.testing.assert_allclose(out_scores[0, 0], 0.9)
+
+
+def test_box_merging_averages_a_kept_box_with_what_it_suppresses_by_score_and_iou():
+    rows = [
+        ([0, 0, 100, 100], 0, 0.9),  # kept
+        ([10, 0, 110, 100], 0, 0.8),  # IoU 90 / 110 = 9 / 11 with it: suppressed, merged
+        ([0, 20, 100, 120], 1, 0.85),  # another class: kept apart, merges with nothing
+        ([0, 0, 95, 100], 0, 0.25),  # IoU 0.95 but at or below the score threshold
+        ([60, 0, 160, 100], 0, 0.7),  # IoU 40 / 160 = 0.25 with the first: kept, alone
+    ]
+    boxes, scores = _boxes_and_scores(rows)
+    out_boxes, out_scores, out_classes, counts = batched_nms(
+        boxes, scores, score_threshold=0.3, max_detections=4
+    )
+    assert counts.numpy().tolist() == [3]
+    # Hand-derived: weights 0.9 * 1**6 and 0.8 * (9 / 11)**6; x moves by 10 times the
+    # second's share, y stays. The 0.7 box overlaps the second by 50 / 150 < 0.45.
+    second = 0.8 * (9 / 11) ** 6
+    shift = 10 * second / (0.9 + second)
+    np.testing.assert_allclose(out_boxes[0, 0], [shift, 0, 100 + shift, 100], rtol=1e-5)
+    np.testing.assert_allclose(out_boxes[0, 1], [0, 20, 100, 120])
+    np.testing.assert_allclose(out_boxes[0, 2], [60, 0, 160, 100])
+    np.testing.assert_allclose(out_boxes[0, 3], [0, 0, 0, 0])  # padding stays padding
+    np.testing.assert_allclose(out_scores[0, :3], [0.9, 0.85, 0.7])  # scores stay
+    assert out_classes.numpy()[0, :3].tolist() == [0, 1, 0]
+
+
+def test_box_merging_matches_a_numpy_oracle_on_random_candidates():
+    rng = np.random.default_rng(3)
+    corner = rng.uniform(0, 300, (2, 300, 2)).astype(np.float32)
+    size = rng.uniform(20, 120, (2, 300, 2)).astype(np.float32)
+    boxes = np.concatenate([corner, corner + size], -1)
+    scores = (rng.uniform(0, 1, (2, 300, 3)) ** 4).astype(np.float32)
+    kept, _, classes, counts = (t.numpy() for t in batched_nms(boxes, scores, box_merge=False))
+    merged, *_ = (t.numpy() for t in batched_nms(boxes, scores))
+    assert counts.min() > 5
+    for image in range(2):
+        for row in range(counts[image]):
+            box, class_id = kept[image, row], classes[image, row]
+            lo, hi = (
+                np.maximum(box[:2], boxes[image, :, :2]),
+                np.minimum(box[2:], boxes[image, :, 2:]),
+            )
+            inter = np.prod(np.clip(hi - lo, 0, None), -1)
+            area = np.prod(boxes[image, :, 2:] - boxes[image, :, :2], -1)
+            iou = inter / (np.prod(box[2:] - box[:2]) + area - inter)
+            score = scores[image, :, class_id]
+            weight = np.where((iou > 0.45) & (score > 0.3), score * iou.astype(np.float64) ** 6, 0)
+            expected = (weight[:, None] * boxes[image]).sum(0) / weight.sum()
+            np.testing.assert_allclose(merged[image, row], expected, rtol=1e-4, atol=1e-3)
 
 
 def test_nms_keeps_overlapping_boxes_of_different_classes():

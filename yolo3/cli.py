@@ -179,10 +179,19 @@ THRESHOLD_FLAGS = {
     "--score": ("score_threshold", _fraction("a score"), "score threshold"),
     "--iou": ("iou_threshold", _fraction("an IoU"), "NMS IoU threshold"),
     "--max-detections": ("max_detections", argument_type(_count), "detections kept per image"),
+    "--box-merge": (
+        "box_merge",
+        on_off,
+        "on: each box NMS keeps is the score- and IoU-weighted mean of the boxes it suppresses "
+        "and itself",
+    ),
 }
 
 
 def _threshold_defaults():
+    """The defaults :func:`detector_thresholds` fills in; ``--box-merge`` has none here: the
+    weights decide (off for weights converted from Darknet,
+    :func:`yolo3.inference.detector_spec.spec_for_weights`)."""
     from yolo3.inference import detector_spec  # noqa: PLC0415 - the skeleton itself stays light
 
     return {
@@ -192,21 +201,31 @@ def _threshold_defaults():
     }
 
 
+def _threshold_help_default(keyword):
+    if keyword == "box_merge":
+        return "on, off for weights converted from Darknet"
+    return _threshold_defaults()[keyword]
+
+
 def add_threshold_arguments(parser, flags=tuple(THRESHOLD_FLAGS), artifacts=True):
     """``flags`` of :data:`THRESHOLD_FLAGS` on ``parser``, each None when not given
     (:func:`detector_thresholds` reads them); ``artifacts``: the tool also runs exported
     detectors, which keep the thresholds they were exported with unless one is given."""
-    defaults = _threshold_defaults()
     note = "; an exported detector keeps its own" if artifacts else ""
     for flag in flags:
         keyword, kind, text = THRESHOLD_FLAGS[flag]
-        parser.add_argument(flag, type=kind, help=f"{text} (default {defaults[keyword]}{note})")
+        default = _threshold_help_default(keyword)
+        metavar = "{on,off}" if kind is on_off else None
+        parser.add_argument(
+            flag, type=kind, metavar=metavar, help=f"{text} (default {default}{note})"
+        )
 
 
 def detector_thresholds(args, defaults=True):
     """The detector's keyword arguments (``score_threshold``, ``iou_threshold``,
-    ``max_detections``) of the threshold flags ``args`` has: a flag not given is the
-    detector's default with ``defaults``, else left out (an exported detector keeps its own)."""
+    ``max_detections``, ``box_merge``) of the threshold flags ``args`` has: a flag not given
+    is the detector's default with ``defaults`` (``box_merge``: left out, the weights
+    decide), else left out (an exported detector keeps its own)."""
     fallback = _threshold_defaults() if defaults else {}
     thresholds = {}
     for flag, (keyword, _, _) in THRESHOLD_FLAGS.items():

@@ -201,8 +201,13 @@ def stored_resampling(path, metadata=None):
     ``metadata``: the file's, where the caller has read it (:func:`stored_metadata`)."""
     if metadata is None:
         metadata = stored_metadata(path)
-    source = metadata.get("source") or ""
-    return "darknet" if source.startswith("darknet:") else "bicubic"
+    return "darknet" if converted_from_darknet(metadata) else "bicubic"
+
+
+def converted_from_darknet(metadata):
+    """Whether weights with ``metadata`` (:func:`stored_metadata`) are a conversion of
+    Darknet's (``yolo3 convert``): they decode as Darknet does."""
+    return str(metadata.get("source") or "").startswith("darknet:")
 
 
 def load_weights(model, path, *, skip_mismatch=False):

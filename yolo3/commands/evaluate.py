@@ -170,7 +170,7 @@ def _add_scoring_arguments(parser):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--limit", type=int, help="evaluate only the first N images")
     parser.add_argument("--no-coco", action="store_true", help="skip the COCO metrics")
-    add_threshold_arguments(parser, flags=("--iou",))
+    add_threshold_arguments(parser, flags=("--iou", "--box-merge"))
     parser.add_argument("--gallery", type=int, default=16, help="images in gallery.png")
 
 
@@ -226,7 +226,7 @@ def _spec(args, weights, *, class_names=None, anchors_path=None, input_size=None
     """The :class:`yolo3.inference.detector_spec.DetectorSpec` that ``weights`` are scored with:
     each flag when given, else what the source fixes (``class_names``, ``input_size``: a record
     set's), else the weights' metadata, else 416 px (said through ``log``)."""
-    settings = weights_settings(args)
+    settings = {**weights_settings(args), **detector_thresholds(args)}
     settings.update(
         classes_path=None if class_names is not None else args.classes,
         anchors_path=args.anchors or anchors_path,
@@ -339,7 +339,8 @@ def evaluate_once(args, weights, source, output, anchors_path=None, log=print):
             source.annotations if isinstance(source, DatasetSplit) else source,
             head=head,
             resampling=spec.resampling,
-            **detector_thresholds(args),
+            iou_threshold=spec.iou_threshold,
+            box_merge=spec.box_merge,
             **_evaluation_options(args, bar),
         )
     return _report(args, evaluation, output, log)
@@ -522,7 +523,8 @@ def coco_json(args, log=print, tracked=None):
             args.images,
             head=spec.head,
             resampling=spec.resampling,
-            **detector_thresholds(args),
+            iou_threshold=spec.iou_threshold,
+            box_merge=spec.box_merge,
             batch_size=args.batch_size,
             limit=args.limit,
             data=data,

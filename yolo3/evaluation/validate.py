@@ -30,7 +30,7 @@ from yolo3.evaluation import plots
 from yolo3.evaluation.confusion import ConfusionMatrix
 from yolo3.fileio import atomic_write
 from yolo3.inference.detect import Detector
-from yolo3.inference.detector_spec import NMS_IOU_THRESHOLD
+from yolo3.inference.detector_spec import BOX_MERGE, NMS_IOU_THRESHOLD
 
 # Detections kept per image and the lowest score considered: mAP integrates precision over
 # all recall levels, so low-scoring detections count (COCO and VOC practice).
@@ -107,7 +107,14 @@ def source_classes(source, classes_path=None):
 
 
 def evaluate_model(
-    model, source, *, head, resampling="bicubic", iou_threshold=NMS_IOU_THRESHOLD, **options
+    model,
+    source,
+    *,
+    head,
+    resampling="bicubic",
+    iou_threshold=NMS_IOU_THRESHOLD,
+    box_merge=BOX_MERGE,
+    **options,
 ):
     """Detects with a Keras model on every image of ``source`` and scores the detections.
 
@@ -120,16 +127,30 @@ def evaluate_model(
             head's.
         resampling: how images are letterboxed (see :class:`yolo3.inference.detect.Detector`); a
             record set's images are already at the input size.
-        iou_threshold: the NMS IoU threshold of the detections scored.
+        iou_threshold, box_merge: the NMS of the detections scored
+            (:func:`yolo3.inference.postprocess.batched_nms`).
         **options: :func:`evaluate_detector`'s keywords.
     """
     detector, source = model_detector(
-        model, source, head=head, resampling=resampling, iou_threshold=iou_threshold
+        model,
+        source,
+        head=head,
+        resampling=resampling,
+        iou_threshold=iou_threshold,
+        box_merge=box_merge,
     )
     return evaluate_detector(detector, source, **options)
 
 
-def model_detector(model, source, *, head, resampling="bicubic", iou_threshold=NMS_IOU_THRESHOLD):
+def model_detector(
+    model,
+    source,
+    *,
+    head,
+    resampling="bicubic",
+    iou_threshold=NMS_IOU_THRESHOLD,
+    box_merge=BOX_MERGE,
+):
     """``(detector, source)``: :func:`evaluate_model`'s detector of ``model`` for ``source``
     (a record set opened once), for scoring the same model again and again without building
     and tracing a detector each time (the training's AP pass): the detector reads the
@@ -146,6 +167,7 @@ def model_detector(model, source, *, head, resampling="bicubic", iou_threshold=N
         score_threshold=MAP_SCORE_THRESHOLD,
         iou_threshold=iou_threshold,
         max_detections=MAP_MAX_DETECTIONS,
+        box_merge=box_merge,
         resampling=resampling,
     )
     return detector, source
@@ -231,6 +253,7 @@ def evaluate_coco_json(
     head,
     resampling="bicubic",
     iou_threshold=NMS_IOU_THRESHOLD,
+    box_merge=BOX_MERGE,
     batch_size=16,
     limit=None,
     progress=None,
@@ -249,7 +272,8 @@ def evaluate_coco_json(
             are matched to the file's categories.
         annotation_file: e.g. ``instances_val2017.json``.
         images_dir: the folder its ``file_name`` entries are in.
-        iou_threshold: the NMS IoU threshold of the detections scored.
+        iou_threshold, box_merge: the NMS of the detections scored
+            (:func:`yolo3.inference.postprocess.batched_nms`).
         limit: only the first ``limit`` images in order of id (and only they are scored).
         data: the file's contents when already read (:func:`read_coco_file`).
 
@@ -275,6 +299,7 @@ def evaluate_coco_json(
         score_threshold=MAP_SCORE_THRESHOLD,
         iou_threshold=iou_threshold,
         max_detections=MAP_MAX_DETECTIONS,
+        box_merge=box_merge,
         resampling=resampling,
     )
     image_ids = sorted(coco_truth.getImgIds())[:limit]

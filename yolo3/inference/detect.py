@@ -19,6 +19,7 @@ from yolo3.checkpoint import weights as weights_io
 from yolo3.data.image import letterbox_darknet, letterbox_image, to_rgb
 from yolo3.drawing import class_colors
 from yolo3.inference.detector_spec import (
+    BOX_MERGE,
     MAX_DETECTIONS,
     NMS_IOU_THRESHOLD,
     SCORE_THRESHOLD,
@@ -42,8 +43,9 @@ class Detector:
             default: what the weights file records.
         input_size: network input, an int (square) or ``(height, width)``, multiples of 32;
             default: what the file records, else Darknet's 416.
-        score_threshold, iou_threshold, max_detections: see
-            :func:`yolo3.inference.postprocess.postprocess`.
+        score_threshold, iou_threshold, max_detections, box_merge: see
+            :func:`yolo3.inference.postprocess.postprocess`; ``box_merge`` by default on,
+            off for weights converted from Darknet.
         resampling: how images are letterboxed, ``"bicubic"`` (PIL, as this library's
             preprocessing and the original keras-yolo3) or ``"darknet"`` (Darknet's own
             resize, :func:`yolo3.data.image.letterbox_darknet`); default: ``"darknet"`` for
@@ -71,6 +73,7 @@ class Detector:
         score_threshold=SCORE_THRESHOLD,
         iou_threshold=NMS_IOU_THRESHOLD,
         max_detections=MAX_DETECTIONS,
+        box_merge=None,
         resampling=None,
         head_overrides=None,
     ):
@@ -86,6 +89,7 @@ class Detector:
             score_threshold=score_threshold,
             iou_threshold=iou_threshold,
             max_detections=max_detections,
+            box_merge=box_merge,
             fallbacks={"input_size": DARKNET_INPUT_SIZE},
         )
         head = spec.head
@@ -113,6 +117,7 @@ class Detector:
         score_threshold=SCORE_THRESHOLD,
         iou_threshold=NMS_IOU_THRESHOLD,
         max_detections=MAX_DETECTIONS,
+        box_merge=BOX_MERGE,
         resampling="bicubic",
     ):
         """A detector around an already built (and loaded) Keras model.
@@ -137,6 +142,7 @@ class Detector:
             score_threshold=score_threshold,
             iou_threshold=iou_threshold,
             max_detections=max_detections,
+            box_merge=box_merge,
         )
         detector = cls.__new__(cls)
         detector._setup(model, spec)

@@ -11,7 +11,13 @@ Decoded boxes are flattened in ``(level, row, column, anchor)`` order.
 
 import tensorflow as tf
 
-from yolo3.inference.detector_spec import MAX_DETECTIONS, NMS_IOU_THRESHOLD, SCORE_THRESHOLD
+from yolo3.inference.detector_spec import (
+    BOX_MERGE,
+    BOX_MERGE_POWER,
+    MAX_DETECTIONS,
+    NMS_IOU_THRESHOLD,
+    SCORE_THRESHOLD,
+)
 from yolo3.model.loss import cell_offsets
 
 
@@ -134,6 +140,7 @@ def batched_nms(
     score_threshold=SCORE_THRESHOLD,
     iou_threshold=NMS_IOU_THRESHOLD,
     max_detections=MAX_DETECTIONS,
+    box_merge=BOX_MERGE,
 ):
     """Class-wise non-maximum suppression for a batch, with padded outputs.
 
@@ -144,6 +151,8 @@ def batched_nms(
         iou_threshold: a box is suppressed by a higher-scoring box of the same class
             overlapping it with IoU above this.
         max_detections: detections kept per image (and per class), highest scores first.
+        box_merge: each kept box becomes the weighted mean of the boxes it suppresses and
+            itself (:func:`merge_boxes`); its score stays.
 
     Returns:
         ``boxes`` ``(N, max_detections, 4)`` float32, ``scores`` ``(N, max_detections)``
@@ -163,12 +172,59 @@ def batched_nms(
             clip_boxes=False,
         )
     )
-    return (
-        nmsed_boxes,
-        nmsed_scores,
-        tf.cast(nmsed_classes, tf.int32),
-        tf.cast(num_detections, tf.int32),
-    )
+    nmsed_classes = tf.cast(nmsed_classes, tf.int32)
+    if box_merge:
+        nmsed_boxes = merge_boxes(
+            nmsed_boxes,
+            nmsed_classes,
+            boxes,
+            scores,
+            score_threshold=score_threshold,
+            iou_threshold=iou_threshold,
+        )
+    return nmsed_boxes, nmsed_scores, nmsed_classes, tf.cast(num_detections, tf.int32)
+
+
+def merge_boxes(kept, kept_classes, boxes, scores, *, score_threshold, iou_threshold):
+    """Each box NMS kept, as the mean of the candidates of its class that overlap it by more
+    than ``iou_threshold`` (itself among them), weighted by ``score * IoU ** p``
+    (:data:`yolo3.inference.detector_spec.BOX_MERGE_POWER`); a candidate scoring at or below
+    ``score_threshold`` for that class takes no part.
+
+    Args:
+        kept: ``(N, K, 4)`` boxes NMS kept (zero rows: padding, returned as they are).
+        kept_classes: ``(N, K)`` int32, their classes.
+        boxes, scores: the candidates NMS chose from, ``(N, B, 4)`` and ``(N, B, C)``.
+
+    Returns:
+        ``(N, K, 4)`` float32. Memory: ``N * K * B`` floats a few times over (100 detections
+        of the 10,647 candidates of YOLOv3 at 416 px: 4 MB an image).
+    """
+    boxes, scores = tf.cast(boxes, tf.float32), tf.cast(scores, tf.float32)
+    # Each candidate's score for each kept box's class, (N, K, B): a product with one-hot
+    # rows, which every exporter holds (no gather with batch axes).
+    chosen = tf.one_hot(kept_classes, tf.shape(scores)[-1], dtype=tf.float32)
+    class_scores = tf.matmul(chosen, scores, transpose_b=True)
+    overlap = pairwise_iou(kept, boxes)
+    taking_part = (overlap > iou_threshold) & (class_scores > score_threshold)
+    weights = tf.where(taking_part, class_scores * overlap**BOX_MERGE_POWER, 0.0)
+    total = tf.reduce_sum(weights, axis=-1, keepdims=True)
+    merged = tf.matmul(weights, boxes) / tf.where(total > 0.0, total, 1.0)
+    return tf.where(total > 0.0, merged, kept)
+
+
+def pairwise_iou(first, second):
+    """IoU of every box of ``first`` ``(N, K, 4)`` with every box of ``second`` ``(N, B, 4)``
+    (``x_min, y_min, x_max, y_max``): ``(N, K, B)``; 0 where both have no area."""
+    a = tf.expand_dims(first, 2)
+    b = tf.expand_dims(second, 1)
+    width = tf.maximum(tf.minimum(a[..., 2], b[..., 2]) - tf.maximum(a[..., 0], b[..., 0]), 0.0)
+    height = tf.maximum(tf.minimum(a[..., 3], b[..., 3]) - tf.maximum(a[..., 1], b[..., 1]), 0.0)
+    inter = width * height
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    union = area_a + area_b - inter
+    return tf.where(union > 0.0, inter / tf.where(union > 0.0, union, 1.0), 0.0)
 
 
 def postprocess(
@@ -180,6 +236,7 @@ def postprocess(
     score_threshold=SCORE_THRESHOLD,
     iou_threshold=NMS_IOU_THRESHOLD,
     max_detections=MAX_DETECTIONS,
+    box_merge=BOX_MERGE,
 ):
     """Raw heads of a letterboxed batch -> detections in each image's original pixels.
 
@@ -189,7 +246,7 @@ def postprocess(
         image_hw: ``(N, 2)`` integer original ``(height, width)`` of each image; images in
             a batch may differ in size.
         input_hw: ``(height, width)`` of the network input (or one int).
-        score_threshold, iou_threshold, max_detections: see :func:`batched_nms`.
+        score_threshold, iou_threshold, max_detections, box_merge: see :func:`batched_nms`.
 
     Returns:
         ``boxes`` ``(N, max_detections, 4)`` float32 ``x_min, y_min, x_max, y_max`` in
@@ -204,6 +261,7 @@ def postprocess(
         score_threshold=score_threshold,
         iou_threshold=iou_threshold,
         max_detections=max_detections,
+        box_merge=box_merge,
     )
 
 

@@ -24,7 +24,7 @@ from yolo3.inference.export import artifact_engine, read_artifact
 from yolo3.inference.postprocess import batched_nms, postprocess
 
 # What the artifact fixed at export time; load_detector refuses other values for them.
-EXPORT_TIME_SETTINGS = ("score_threshold", "iou_threshold", "max_detections")
+EXPORT_TIME_SETTINGS = ("score_threshold", "iou_threshold", "max_detections", "box_merge")
 
 
 def load_detector(path, *, num_threads=None, **settings):
