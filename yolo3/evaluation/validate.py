@@ -106,16 +106,7 @@ def source_classes(source, classes_path=None):
     return read_classes(classes_path)
 
 
-def evaluate_model(
-    model,
-    source,
-    *,
-    head,
-    resampling="bicubic",
-    iou_threshold=NMS_IOU_THRESHOLD,
-    box_merge=BOX_MERGE,
-    **options,
-):
+def evaluate_model(model, source, *, head, resampling="bicubic", **options):
     """Detects with a Keras model on every image of ``source`` and scores the detections.
 
     Args:
@@ -127,19 +118,16 @@ def evaluate_model(
             head's.
         resampling: how images are letterboxed (see :class:`yolo3.inference.detect.Detector`); a
             record set's images are already at the input size.
-        iou_threshold, box_merge: the NMS of the detections scored
-            (:func:`yolo3.inference.postprocess.batched_nms`).
-        **options: :func:`evaluate_detector`'s keywords.
+        **options: the NMS of the detections scored (``iou_threshold``, ``box_merge``: see
+            :func:`model_detector`) and :func:`evaluate_detector`'s keywords.
     """
-    detector, source = model_detector(
-        model,
-        source,
-        head=head,
-        resampling=resampling,
-        iou_threshold=iou_threshold,
-        box_merge=box_merge,
-    )
+    nms = {key: options.pop(key) for key in NMS_OPTIONS if key in options}
+    detector, source = model_detector(model, source, head=head, resampling=resampling, **nms)
     return evaluate_detector(detector, source, **options)
+
+
+# The keywords of model_detector that evaluate_model passes on to it.
+NMS_OPTIONS = ("iou_threshold", "box_merge")
 
 
 def model_detector(
@@ -154,7 +142,8 @@ def model_detector(
     """``(detector, source)``: :func:`evaluate_model`'s detector of ``model`` for ``source``
     (a record set opened once), for scoring the same model again and again without building
     and tracing a detector each time (the training's AP pass): the detector reads the
-    model's variables as they are at each call."""
+    model's variables as they are at each call. ``iou_threshold`` and ``box_merge``: its NMS
+    (:func:`yolo3.inference.postprocess.batched_nms`)."""
     if records.is_record_set(source):
         source = records.open_record_set(source)
         input_hw = source.input_hw
