@@ -578,6 +578,24 @@ def test_detector_spec_reads_and_writes_the_artifact_json():
     assert DetectorSpec.from_json(older).head.scale_x_y == (1.0, 1.0)
 
 
+def test_box_merging_is_bounded_before_anything_is_allocated():
+    # 1,576 detections against YOLOv3's 10,647 candidates at 416 px: 2**24 pairs and more.
+    tiny = DetectorSpec.from_json(ARTIFACT_METADATA).head
+    head = tiny.replace(
+        model_type="yolov3", anchors=tiny.anchors + tiny.anchors[:3], anchor_masks=None,
+        scale_x_y=None, input_hw=(416, 416),
+    )  # fmt: skip
+    assert DetectorSpec(head, max_detections=1575).num_candidates == 3 * (13**2 + 26**2 + 52**2)
+    with pytest.raises(ValueError, match="16,779,672 pairs .* --box-merge off"):
+        DetectorSpec(head, max_detections=1576)
+    assert not DetectorSpec(head, max_detections=1576, box_merge=False).box_merge
+    # An artifact's metadata asking for as much is refused when it is read.
+    with pytest.raises(ValueError, match="--max-detections"):
+        DetectorSpec.from_json(
+            {**ARTIFACT_METADATA, "max_detections": 2**16, "input_size": [4096, 4096]}
+        )
+
+
 def test_cli_says_which_defaults_fill_what_the_file_does_not_record(files, tmp_path, capsys):
     # Model type and class count only, as a Darknet conversion's file: the class names and
     # anchors come from the flags, the input size from the fallback, said on stderr.

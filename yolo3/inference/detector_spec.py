@@ -5,6 +5,7 @@ from a ``.weights.h5`` file's metadata and the tools' flags.
 """
 
 import dataclasses
+import math
 import os
 
 from yolo3.data.image import RESAMPLING
@@ -33,6 +34,11 @@ MAX_DETECTIONS = 100
 # plain NMS (their detections are Darknet's; spec_for_weights).
 BOX_MERGE = True
 BOX_MERGE_POWER = 6
+# Merging weighs every kept detection against every candidate box, a few (detections x
+# candidates) float arrays an image: at most this many pairs (64 MB an array), which holds
+# 100 detections at any input size up to 1,632 px for YOLOv3 and 1,575 of them at 416 px.
+# An artifact's metadata can ask for more (it is read before the artifact runs).
+MAX_MERGE_PAIRS = 2**24
 
 JSON_KEYS = (
     "model_type",
@@ -79,6 +85,23 @@ class DetectorSpec:
             raise ValueError(f"box merging is on or off (True or False), not {self.box_merge!r}")
         if self.max_detections < 1:
             raise ValueError(f"max detections {self.max_detections} must be at least 1")
+        pairs = self.max_detections * self.num_candidates
+        if self.box_merge and pairs > MAX_MERGE_PAIRS:
+            raise ValueError(
+                f"box merging weighs each of {self.max_detections} detections against each of "
+                f"{self.num_candidates} candidate boxes: {pairs:,} pairs an image, more than "
+                f"{MAX_MERGE_PAIRS:,}; lower --max-detections or give --box-merge off"
+            )
+
+    @property
+    def num_candidates(self):
+        """The boxes the network proposes for one image: every anchor of every grid cell."""
+        height, width = self.head.input_hw
+        return sum(
+            math.ceil(height / level.stride) * math.ceil(width / level.stride)
+            * len(level.anchor_indices)
+            for level in self.head.levels()
+        )  # fmt: skip
 
     @property
     def thresholds(self):
