@@ -249,7 +249,7 @@ def rescore(config, results, log=print):
             log(f"{_run_name(run)}: not scored again, {kept} is gone")
             continue
         report = json.loads(kept.read_text()) if side == "peer" else None
-        held = (report["epochs"], report["train_seconds"]) if report else _held_run(folder)
+        held = (report["epochs"], report["train_seconds"]) if side == "peer" else _held_run(folder)
         if held != (run["epochs"], run["train_seconds"]):
             log(f"{_run_name(run)}: not scored again, {folder} holds another run "
                 f"({held[0]} epochs in {held[1]:.1f} s; the record: {run['epochs']} in "
