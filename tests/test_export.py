@@ -128,6 +128,20 @@ def test_float32_artifact_detects_what_keras_detects(exported, reference, engine
     _assert_same(detector.detect(_images()), reference)
 
 
+def test_artifacts_merge_boxes_where_the_keras_detector_does(exported, reference):
+    # The artifacts match the Keras detector above with box merging on (the weights' default);
+    # merging moves these boxes, so that match covers it.
+    assert exported["spec"].box_merge
+    plain = load_detector(exported["weights"], box_merge=False).detect(_images())
+    assert [len(found["boxes"]) for found in plain] == [len(found["boxes"]) for found in reference]
+    moved = [
+        np.abs(p["boxes"] - r["boxes"]).max() for p, r in zip(plain, reference) if len(p["boxes"])
+    ]
+    assert max(moved) > 0.5  # pixels
+    with pytest.raises(ValueError, match="exported with box_merge on; .* to use off"):
+        load_detector(exported["onnx"], box_merge=False)
+
+
 @pytest.mark.parametrize("engine", ["saved_model", "onnx", "tflite"])
 def test_artifact_records_its_settings(exported, engine):
     metadata = read_artifact_metadata(exported[engine])

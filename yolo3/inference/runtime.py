@@ -27,6 +27,13 @@ from yolo3.inference.postprocess import batched_nms, postprocess
 EXPORT_TIME_SETTINGS = ("score_threshold", "iou_threshold", "max_detections", "box_merge")
 
 
+def _shown(value):
+    """A setting as its flag takes it: on or off for a switch."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
 def load_detector(path, *, num_threads=None, **settings):
     """A detector for ``path``, whatever its format.
 
@@ -73,8 +80,8 @@ class ArtifactDetector:
                 )
             if value is not None and value != getattr(self.spec, name):
                 raise ValueError(
-                    f"{self.path} was exported with {name} {getattr(self.spec, name)}; "
-                    f"export again with the new value to use {value}"
+                    f"{self.path} was exported with {name} {_shown(getattr(self.spec, name))}; "
+                    f"export again with the new value to use {_shown(value)}"
                 )
         self.class_names = list(self.spec.head.class_names)
         self.input_hw = self.spec.head.input_hw
