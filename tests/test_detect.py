@@ -570,6 +570,8 @@ def test_detector_spec_reads_and_writes_the_artifact_json():
     # Exported before box merging: plain NMS, which its graph (or its runner) applies.
     plain = {key: value for key, value in ARTIFACT_METADATA.items() if key != "box_merge"}
     assert DetectorSpec.from_json(plain) == dataclasses.replace(spec, box_merge=False)
+    with pytest.raises(ValueError, match="box merging is on or off .* not 'yes'"):
+        DetectorSpec.from_json({**ARTIFACT_METADATA, "box_merge": "yes"})
     # Before the grid sensitivity was recorded too: YOLOv3's 1 on every level.
     older = {key: value for key, value in plain.items() if key != "scale_x_y"}
     assert DetectorSpec.from_json(older) == dataclasses.replace(

@@ -128,7 +128,7 @@ class DetectorSpec:
             iou_threshold=float(data["iou_threshold"]),
             max_detections=int(data["max_detections"]),
             # An artifact from before box merging holds plain NMS (or its runner applies it).
-            box_merge=data.get("box_merge", False) is True,
+            box_merge=data.get("box_merge", False),
         )
 
 
