@@ -5,7 +5,6 @@ from a ``.weights.h5`` file's metadata and the tools' flags.
 """
 
 import dataclasses
-import math
 import os
 
 from yolo3.data.image import RESAMPLING
@@ -96,12 +95,10 @@ class DetectorSpec:
     @property
     def num_candidates(self):
         """The boxes the network proposes for one image: every anchor of every grid cell."""
-        height, width = self.head.input_hw
         return sum(
-            math.ceil(height / level.stride) * math.ceil(width / level.stride)
-            * len(level.anchor_indices)
+            level.cells(self.head.input_hw) * len(level.anchor_indices)
             for level in self.head.levels()
-        )  # fmt: skip
+        )
 
     @property
     def thresholds(self):

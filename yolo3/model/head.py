@@ -72,6 +72,11 @@ class HeadLevel:
     anchors: np.ndarray
     xy_scale: float
 
+    def cells(self, input_hw):
+        """The grid cells of this level at an input of ``input_hw`` ``(height, width)``."""
+        height, width = input_hw
+        return math.ceil(height / self.stride) * math.ceil(width / self.stride)
+
 
 @dataclasses.dataclass(frozen=True)
 class HeadSpec:
@@ -356,12 +361,11 @@ def prior_biases(head, input_hw, boxes_per_image):
     predictions starts at ln 2 of objectness loss, which the first steps spend pushing down,
     the more the finer the grid.
     """
-    height, width = input_hw
     count = max(1.0 if boxes_per_image is None else float(boxes_per_image), 1e-3)
     class_logit = _logit(min(1.0 / head.num_classes, 0.5))
     biases = []
     for level in head.levels():
-        cells = math.ceil(height / level.stride) * math.ceil(width / level.stride)
+        cells = level.cells(input_hw)
         per_cell = len(level.anchor_indices)
         bias = np.zeros((per_cell, 5 + head.num_classes), np.float32)
         bias[:, 4] = _logit(min(count / (cells * per_cell), 0.5))
