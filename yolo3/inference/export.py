@@ -466,19 +466,25 @@ def _checked_metadata(text, path, engine):
         raise refuse("is not a yolo3 detector's")
     if metadata.get("engine") != engine or metadata.get("outputs") not in OUTPUTS:
         raise refuse(f"does not describe a {engine} detector with one of the outputs {OUTPUTS}")
-    try:
-        spec = DetectorSpec.from_json(metadata, source="it")
-    except Exception as err:  # noqa: BLE001 - JSON from elsewhere is wrong in many ways
-        detail = " ".join(str(err).split())[:200]
-        if not isinstance(err, ValueError):  # a missing key, a list where a number goes
-            detail = f"{type(err).__name__}: {detail}"
-        raise refuse(f"does not describe a detector ({detail})") from None
-    if max(spec.head.input_hw) > MAX_INPUT_SIZE or spec.max_detections > MAX_DETECTIONS:
+
+    def described(data):
+        try:
+            return DetectorSpec.from_json(data, source="it")
+        except Exception as err:  # noqa: BLE001 - JSON from elsewhere is wrong in many ways
+            detail = " ".join(str(err).split())[:200]
+            if not isinstance(err, ValueError):  # a missing key, a list where a number goes
+                detail = f"{type(err).__name__}: {detail}"
+            raise refuse(f"does not describe a detector ({detail})") from None
+
+    # Its sizes first (read with plain NMS), then what they ask of box merging (the spec's
+    # own bound), so that an absurd size is named as one.
+    sizes = described({**metadata, "box_merge": False})
+    if max(sizes.head.input_hw) > MAX_INPUT_SIZE or sizes.max_detections > MAX_DETECTIONS:
         raise refuse(
-            f"asks for input size {spec.head.input_hw} and {spec.max_detections} detections "
+            f"asks for input size {sizes.head.input_hw} and {sizes.max_detections} detections "
             f"an image; this library runs up to {MAX_INPUT_SIZE} px and {MAX_DETECTIONS}"
         )
-    return metadata, spec
+    return metadata, described(metadata)
 
 
 def _tflite_metadata(path):
