@@ -18,7 +18,7 @@ from yolo3.inference.detector_spec import (
     NMS_IOU_THRESHOLD,
     SCORE_THRESHOLD,
 )
-from yolo3.model.loss import cell_offsets
+from yolo3.model.loss import box_iou, cell_offsets
 
 
 def _as_hw(size):
@@ -185,6 +185,13 @@ def batched_nms(
     return nmsed_boxes, nmsed_scores, nmsed_classes, tf.cast(num_detections, tf.int32)
 
 
+def _centre_size(corners):
+    """``x_min, y_min, x_max, y_max`` -> centre x, y, width, height."""
+    return tf.concat(
+        [(corners[..., :2] + corners[..., 2:]) / 2, corners[..., 2:] - corners[..., :2]], -1
+    )
+
+
 def merge_boxes(kept, kept_classes, boxes, scores, *, score_threshold, iou_threshold):
     """Each box NMS kept, as the mean of the candidates of its class that overlap it by more
     than ``iou_threshold`` (itself among them), weighted by ``score * IoU ** p``
@@ -205,26 +212,12 @@ def merge_boxes(kept, kept_classes, boxes, scores, *, score_threshold, iou_thres
     # rows, which every exporter holds (no gather with batch axes).
     chosen = tf.one_hot(kept_classes, tf.shape(scores)[-1], dtype=tf.float32)
     class_scores = tf.matmul(chosen, scores, transpose_b=True)
-    overlap = pairwise_iou(kept, boxes)
+    overlap = box_iou(_centre_size(kept), _centre_size(boxes))  # the loss's IoU
     taking_part = (overlap > iou_threshold) & (class_scores > score_threshold)
     weights = tf.where(taking_part, class_scores * overlap**BOX_MERGE_POWER, 0.0)
     total = tf.reduce_sum(weights, axis=-1, keepdims=True)
     merged = tf.matmul(weights, boxes) / tf.where(total > 0.0, total, 1.0)
     return tf.where(total > 0.0, merged, kept)
-
-
-def pairwise_iou(first, second):
-    """IoU of every box of ``first`` ``(N, K, 4)`` with every box of ``second`` ``(N, B, 4)``
-    (``x_min, y_min, x_max, y_max``): ``(N, K, B)``; 0 where both have no area."""
-    a = tf.expand_dims(first, 2)
-    b = tf.expand_dims(second, 1)
-    width = tf.maximum(tf.minimum(a[..., 2], b[..., 2]) - tf.maximum(a[..., 0], b[..., 0]), 0.0)
-    height = tf.maximum(tf.minimum(a[..., 3], b[..., 3]) - tf.maximum(a[..., 1], b[..., 1]), 0.0)
-    inter = width * height
-    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
-    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
-    union = area_a + area_b - inter
-    return tf.where(union > 0.0, inter / tf.where(union > 0.0, union, 1.0), 0.0)
 
 
 def postprocess(
