@@ -196,10 +196,7 @@ def run_matrix(config, command=None, log=print):
             )  # fmt: skip
         schedule = ("--epochs", config.epochs)
         if side == "ours-at-peer-time":
-            minutes = results.peer_seconds(cell, seed) / 60
-            schedule = ("--epochs", TIME_EPOCH_CAP, "--time", f"{minutes:.3f}")
-            made = results.runs[(*cell, "peer", seed)].get("finished", "at a time not recorded")
-            log(f"  timed by the peer's run of {minutes:.1f} minutes, finished {made}")
+            schedule = equal_time_schedule(results, cell, seed, log)
         train = ("train", "--records", records, "--anchors", anchors, "--log-dir", run_dir,
                  "--seed", seed, *schedule, *BASE_FLAGS, *config.flags)  # fmt: skip
         return yolo3_process(*train, core=core, log=f"{run_dir}.log")
@@ -219,9 +216,7 @@ def run_matrix(config, command=None, log=print):
         else:
             figures = evaluate_run(run_dir, annotations, core)
             epochs, seconds = _trained(run_dir)
-        run = {"input_size": cell[0], "train_images": cell[1], "side": side, "seed": seed,
-               "train_seconds": seconds, "process_seconds": process_seconds, "epochs": epochs,
-               "finished": _utc_now(), **figures}  # fmt: skip
+        run = run_record(job, seconds, process_seconds, epochs, figures)
         results.add(run)
         log(f"{_run_name(run)}: " + ", ".join(f"{key} {run[key]:.3f}" for key in METRICS)
             + f"; {epochs} epochs in {seconds:.0f} s")  # fmt: skip
@@ -229,6 +224,25 @@ def run_matrix(config, command=None, log=print):
     for phase in phases(jobs):
         side_by_side(phase, config.cores, start, finish)
     return summarize(config, results, command)
+
+
+def equal_time_schedule(results, cell, seed, log=print):
+    """``yolo3 train``'s schedule flags for ``ours-at-peer-time`` of ``cell`` and ``seed``:
+    the peer's training time of them as ``--time`` (minutes), epochs fitted to it (at most
+    :data:`TIME_EPOCH_CAP`); the log names when that peer run finished."""
+    minutes = results.peer_seconds(cell, seed) / 60
+    made = results.runs[(*cell, "peer", seed)].get("finished", "at a time not recorded")
+    log(f"  timed by the peer's run of {minutes:.1f} minutes, finished {made}")
+    return ("--epochs", TIME_EPOCH_CAP, "--time", f"{minutes:.3f}")
+
+
+def run_record(job, seconds, process_seconds, epochs, figures):
+    """The results' entry of ``job`` (:func:`plan`'s), stamped with when it ``finished``
+    (UTC, now)."""
+    (size, count), side, seed = job
+    return {"input_size": size, "train_images": count, "side": side, "seed": seed,
+            "train_seconds": seconds, "process_seconds": process_seconds, "epochs": epochs,
+            "finished": _utc_now(), **figures}  # fmt: skip
 
 
 def rescore(config, results, log=print):

@@ -2,6 +2,7 @@
 runs it plans, what it keeps between invocations, and the table it prints."""
 
 import json
+import time
 
 import pytest
 from PIL import Image
@@ -9,11 +10,13 @@ from PIL import Image
 from benchmarks.matrix import (
     MatrixConfig,
     Results,
+    equal_time_schedule,
     format_matrix,
     phases,
     plan,
     run_folder,
     run_matrix,
+    run_record,
     summarize,
 )
 from yolo3.evaluation.metrics import AP_BY_IOU
@@ -68,6 +71,26 @@ def test_an_equal_time_run_needs_its_peer_run(tmp_path):
     results = Results(tmp_path / "matrix.json")
     results.add(run(96, 100, "peer", 0, 0.4, 60.0))
     assert plan(config, results) == [((96, 100), "ours-at-peer-time", 0)]
+
+
+def test_an_equal_time_run_is_timed_by_its_peer_and_says_when_that_run_finished(tmp_path):
+    results = Results(tmp_path / "matrix.json")
+    before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    peer = run_record(((96, 100), "peer", 1), 754.2, 790.0, 6, {"AP": 0.4})
+    after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results.add(peer)
+    results.add(run(96, 100, "peer", 0, 0.4, 60.0))  # recorded before runs were stamped
+    lines = []
+    again = Results(tmp_path / "matrix.json")
+    # 754.2 s is 12.57 minutes: --time is in minutes, and the epochs are capped, not set
+    assert equal_time_schedule(again, (96, 100), 1, lines.append) == (
+        "--epochs", 100, "--time", "12.570"
+    )  # fmt: skip
+    finished = again.runs[(96, 100, "peer", 1)]["finished"]
+    assert before <= finished <= after  # UTC, ISO 8601: ordered as text
+    assert lines == [f"  timed by the peer's run of 12.6 minutes, finished {finished}"]
+    equal_time_schedule(again, (96, 100), 0, lines.append)
+    assert lines[-1].endswith("1.0 minutes, finished at a time not recorded")
 
 
 @pytest.mark.parametrize(
