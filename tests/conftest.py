@@ -21,6 +21,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # (tests/test_eight_workers.py alone: 182 s, 190 s of CPU, with one thread; 216 s, 229 s
 # with TensorFlow's default of one per core).
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# TensorFlow's environment as every tool sets it (oneDNN's kernels on x86-64), so that the
+# tests compute with the kernels the tools use on every CPU.
+from yolo3.cli import tensorflow_environment  # noqa: E402
+
+tensorflow_environment()
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -15,7 +16,13 @@ import pytest
 from helpers import load_tool
 
 from yolo3 import commands
-from yolo3.cli import TF_LOG_ENV, HelpFormatter, dataclass_from_args
+from yolo3.cli import (
+    ONEDNN_ENV,
+    TF_LOG_ENV,
+    HelpFormatter,
+    dataclass_from_args,
+    tensorflow_environment,
+)
 from yolo3.commands import COMMANDS, summary, train
 from yolo3.evaluation import validate
 
@@ -123,6 +130,35 @@ def test_a_failed_start_shows_what_was_held_back(tmp_path):
     assert result.returncode == 1
     assert "libfoo.so: cannot open shared object file" in result.stderr
     assert "ImportError: tensorflow is broken" in result.stderr
+
+
+ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not ON_X86_64, reason="TensorFlow's oneDNN default is set on x86-64 only")
+def test_tools_start_tensorflow_with_onednn_kernels_on_unless_the_user_says_otherwise(
+    monkeypatch,
+):
+    # TensorFlow itself leaves them off on x86-64 CPUs without AVX-512 VNNI/BF16 or AMX.
+    code = (
+        "from yolo3.cli import start_tensorflow\nstart_tensorflow()\n"
+        "from tensorflow.python.util import _pywrap_util_port\n"
+        "print(_pywrap_util_port.IsMklEnabled())"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != ONEDNN_ENV}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environment,
+        timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+    # A value the user set is theirs.
+    monkeypatch.setenv(ONEDNN_ENV, "0")
+    tensorflow_environment()
+    assert os.environ[ONEDNN_ENV] == "0"
+    monkeypatch.delenv(ONEDNN_ENV)
+    tensorflow_environment()
+    assert os.environ[ONEDNN_ENV] == "1"
 
 
 # Every command but train, and the benchmark harness, which lives outside the package.

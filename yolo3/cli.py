@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import copy
 import os
+import platform
 import sys
 import tempfile
 
@@ -27,6 +28,20 @@ KNOWN_ERRORS = (OSError, ValueError)
 
 # Set to 1 to see TensorFlow's start-up log, which the tools hold back by default.
 TF_LOG_ENV = "YOLO3_TF_LOG"
+
+# TensorFlow's oneDNN kernels (convolutions, matrix products, batch norm on the CPU): its
+# x86-64 wheels use them by default only where the CPU has AVX-512 VNNI, BF16 or AMX, and
+# Eigen's elsewhere. On a 2-core AMD EPYC with AVX2 alone, one core trained tiny at 96 px
+# at 12.9 images/s with Eigen's and 53.7 with oneDNN's (docs/benchmarks.md, "oneDNN on
+# AVX2"). A value the user sets is kept (0 turns them off).
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+
+
+def tensorflow_environment():
+    """Sets what TensorFlow reads from the environment when it starts, where the user has not:
+    oneDNN's kernels on x86-64 (:data:`ONEDNN_ENV`). No effect once TensorFlow is imported."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        os.environ.setdefault(ONEDNN_ENV, "1")
 
 
 @contextlib.contextmanager
@@ -50,13 +65,15 @@ def _stderr_held_back():
 
 
 def start_tensorflow():
-    """Imports TensorFlow and lets it find its devices with its start-up log held back.
+    """Imports TensorFlow (its environment set first, :func:`tensorflow_environment`) and lets
+    it find its devices with its start-up log held back.
 
     TensorFlow's C++ side logs several lines on import and on its first look at the devices,
     before any log level applies (on a machine without CUDA an ``E0000 ... failed call to
     cuInit`` that reads like a failure). The tools call this before importing the library;
     ``YOLO3_TF_LOG=1`` shows the log, and TensorFlow's warnings after the start, again.
     """
+    tensorflow_environment()
     show = os.environ.get(TF_LOG_ENV, "0") not in ("", "0")
     if not show:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
