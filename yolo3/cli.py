@@ -31,9 +31,9 @@ TF_LOG_ENV = "YOLO3_TF_LOG"
 
 # TensorFlow's oneDNN kernels (convolutions, matrix products, batch norm on the CPU): its
 # x86-64 wheels use them by default only where the CPU has AVX-512 VNNI, BF16 or AMX, and
-# Eigen's elsewhere. On a 2-core AMD EPYC with AVX2 alone, one core trained tiny at 96 px
-# at 12.9 images/s with Eigen's and 53.7 with oneDNN's (docs/benchmarks.md, "oneDNN on
-# AVX2"). A value the user sets is kept (0 turns them off).
+# Eigen's elsewhere. On a 2-core AMD EPYC with AVX2 alone, one core trained tiny 4.0x faster
+# with oneDNN's at 96 px and 1.9x at 256 px (docs/benchmarks.md, "oneDNN on AVX2"). A value
+# the user sets is kept (0 turns them off).
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
