@@ -5,7 +5,6 @@ import argparse
 import dataclasses
 import functools
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from helpers import load_tool
 
 from yolo3 import commands
 from yolo3.cli import (
+    ONEDNN_BY_DEFAULT,
     ONEDNN_ENV,
     TF_LOG_ENV,
     HelpFormatter,
@@ -132,10 +132,9 @@ def test_a_failed_start_shows_what_was_held_back(tmp_path):
     assert "ImportError: tensorflow is broken" in result.stderr
 
 
-ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
-
-
-@pytest.mark.skipif(not ON_X86_64, reason="TensorFlow's oneDNN default is set on x86-64 only")
+@pytest.mark.skipif(
+    not ONEDNN_BY_DEFAULT, reason="TensorFlow's oneDNN default is set on x86-64 only"
+)
 def test_tools_start_tensorflow_with_onednn_kernels_on_unless_the_user_says_otherwise(
     monkeypatch,
 ):

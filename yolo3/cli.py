@@ -35,12 +35,14 @@ TF_LOG_ENV = "YOLO3_TF_LOG"
 # with oneDNN's at 96 px and 1.9x at 256 px (docs/benchmarks.md, "oneDNN on AVX2"). A value
 # the user sets is kept (0 turns them off).
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+# Whether this machine is one where the tools set it: x86-64.
+ONEDNN_BY_DEFAULT = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def tensorflow_environment():
     """Sets what TensorFlow reads from the environment when it starts, where the user has not:
     oneDNN's kernels on x86-64 (:data:`ONEDNN_ENV`). No effect once TensorFlow is imported."""
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if ONEDNN_BY_DEFAULT:
         os.environ.setdefault(ONEDNN_ENV, "1")
 
 
